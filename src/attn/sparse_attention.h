@@ -1,0 +1,62 @@
+#pragma once
+// Sparse MLA attention with a per-head sink (SPEC §4.6, numerics SPEC §5),
+// reading fp8_ds_mla pages (SPEC §6) directly. One interface, two backends:
+// sparse_attention_cpu (here) and the CUDA kernels in attn/cuda/.
+//
+// For query token t and head h the attended set is the SWA entries
+// swa.indices[t][0 .. swa.lengths[t]) plus the extra (compressed) entries
+// extra.indices[t][0 .. extra.lengths[t]). Indices are global slots
+// (page * entries_per_page + offset). A slot < 0, or >= the cache's capacity,
+// is an empty position: it is skipped and nothing is read for it.
+//
+//   s_i = (q_th . k_i) * softmax_scale
+//   lse = log(sum_i exp(s_i))                      (natural log; sink excluded;
+//                                                   -inf when nothing is attended)
+//   o   = sum_i exp(s_i) k_i / (sum_i exp(s_i) + exp(sink_h))
+// V is the full 512-dim k (RoPE dims included); an empty row gives o = 0.
+#include <cstddef>
+#include <cstdint>
+
+namespace dsv4 {
+
+// One paged fp8_ds_mla cache.
+struct KvPages {
+  const uint8_t* base = nullptr;  // page p starts at base + p * page_stride
+  int64_t num_pages = 0;
+  int entries_per_page = 64;      // 64 (SWA, C4A) or 2 (C128A)
+  size_t page_stride = 0;         // fp8_ds_mla_page_stride(entries_per_page)
+
+  int64_t capacity() const { return num_pages * entries_per_page; }
+};
+
+// Row-major [num_tokens, width] global slots plus per-token lengths (<= width).
+struct IndexList {
+  const int32_t* indices = nullptr;
+  const int32_t* lengths = nullptr;
+  int width = 0;  // 0: no entries of this kind
+};
+
+struct SparseAttentionParams {
+  int num_tokens = 0;
+  int num_heads = 0;              // q heads
+  const uint16_t* q = nullptr;    // [num_tokens, num_heads, 512] bf16 bits
+  KvPages swa_cache;
+  IndexList swa;
+  KvPages extra_cache;            // compressed entries (optional)
+  IndexList extra;
+  const float* attn_sink = nullptr;  // [num_heads]
+  float softmax_scale = 0.0f;        // 512^-0.5 for V4
+  uint16_t* out = nullptr;           // [num_tokens, num_heads, 512] bf16 bits
+  float* lse = nullptr;              // [num_tokens, num_heads]; may be null
+};
+
+// Reference implementation on the CPU with the production numerics of SPEC §5:
+// q.k with bf16 operands and fp32 accumulation, scale applied after; exp in
+// fp32; probabilities rounded to bf16 before P.V while the denominator sums
+// the fp32 values; output rounded to bf16. All pointers are host pointers.
+void sparse_attention_cpu(const SparseAttentionParams& p);
+
+// Validates shapes and pointers of a call; throws Error naming the problem.
+void check_sparse_attention_params(const SparseAttentionParams& p);
+
+}  // namespace dsv4

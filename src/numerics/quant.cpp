@@ -1,0 +1,70 @@
+#include "numerics/quant.h"
+
+#include <cmath>
+
+#include "common/error.h"
+#include "numerics/e2m1.h"
+#include "numerics/e4m3.h"
+#include "numerics/ue8m0.h"
+
+namespace dsv4 {
+namespace {
+
+float block_amax(const float* x, int n) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  return amax;
+}
+
+// x * 2^-e, clamped to +-qmax. inv = 2^-e is exact (e is in [-126, 127]), so the
+// product rounds exactly like a division by the scale.
+inline float scaled(float x, float inv, float qmax) {
+  const float y = x * inv;
+  return y > qmax ? qmax : (y < -qmax ? -qmax : y);
+}
+
+}  // namespace
+
+int e4m3_block_exponent(const float* x, int n) {
+  return pow2_scale_exponent(block_amax(x, n), kFp8AmaxFloor, kE4m3Max);
+}
+
+int e2m1_block_exponent(const float* x, int n) {
+  return pow2_scale_exponent(block_amax(x, n), kFp4AmaxFloor, kE2m1Max);
+}
+
+int quantize_e4m3_block(const float* x, int n, uint8_t* codes) {
+  const int e = e4m3_block_exponent(x, n);
+  const float inv = std::ldexp(1.0f, -e);
+  for (int i = 0; i < n; ++i) codes[i] = float_to_e4m3(scaled(x[i], inv, kE4m3Max));
+  return e;
+}
+
+int quantize_e2m1_block(const float* x, int n, uint8_t* codes) {
+  const int e = e2m1_block_exponent(x, n);
+  const float inv = std::ldexp(1.0f, -e);
+  for (int i = 0; i < n; ++i) codes[i] = float_to_e2m1(scaled(x[i], inv, kE2m1Max));
+  return e;
+}
+
+void fake_quant_e4m3(float* x, size_t n, int block) {
+  require(block > 0 && n % size_t(block) == 0, "fake_quant_e4m3: length not a multiple of the block");
+  for (size_t b = 0; b < n; b += size_t(block)) {
+    const int e = e4m3_block_exponent(x + b, block);
+    const float inv = std::ldexp(1.0f, -e), s = std::ldexp(1.0f, e);
+    for (int i = 0; i < block; ++i)
+      x[b + i] = e4m3_to_float(float_to_e4m3(scaled(x[b + i], inv, kE4m3Max))) * s;
+  }
+}
+
+void fake_quant_e2m1(float* x, size_t n, int block) {
+  require(block > 0 && n % size_t(block) == 0, "fake_quant_e2m1: length not a multiple of the block");
+  for (size_t b = 0; b < n; b += size_t(block)) {
+    const int e = e2m1_block_exponent(x + b, block);
+    const float inv = std::ldexp(1.0f, -e), s = std::ldexp(1.0f, e);
+    for (int i = 0; i < block; ++i)
+      x[b + i] = e2m1_to_float(float_to_e2m1(scaled(x[b + i], inv, kE2m1Max))) * s;
+  }
+}
+
+}  // namespace dsv4
