@@ -5,5 +5,6 @@
 namespace dsv4::cli {
 
 void register_inspect(CLI::App& app);
+void register_verify(CLI::App& app);
 
 }  // namespace dsv4::cli

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   CLI::App app{"dsv4: DeepSeek-V4 hybrid sparse attention (SWA + C4A + C128A)"};
   app.require_subcommand(1);
   dsv4::cli::register_inspect(app);
+  dsv4::cli::register_verify(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,114 @@
+#include "attn/cpu/indexer.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "numerics/bf16.h"
+#include "numerics/hadamard.h"
+#include "numerics/quant.h"
+
+namespace dsv4 {
+
+std::vector<int32_t> top_k(const float* scores, int64_t n, int k) {
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  k = int(std::min<int64_t>(k, n));
+  auto better = [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), better);
+  idx.resize(size_t(k));
+  return idx;
+}
+
+IndexerOp::IndexerOp(const IndexerWeights& w, const ModelConfig& config, Profile profile, bool cache_weights,
+                     const Rope& rope, IndexKeyFormat key_format)
+    : config_(config), profile_(profile), rope_(rope), key_format_(key_format),
+      wq_b_(&w.wq_b, LinearMode::kFp8, cache_weights),
+      weights_proj_(&w.weights_proj, LinearMode::kBf16, cache_weights) {}
+
+void IndexerOp::queries(const StepMetadata& s, const float* x, const float* cq, std::vector<float>& q,
+                        std::vector<float>& w) const {
+  const int T = s.num_tokens(), nI = config_.index_n_heads, d = kIndexDim;
+  const bool prod = profile_ == Profile::kProduction;
+  q.resize(size_t(T) * nI * d);
+  w.resize(size_t(T) * nI);
+  wq_b_.forward(cq, T, q.data(), profile_);
+  weights_proj_.forward(x, T, w.data(), profile_);
+  const float head_scale = float(1.0 / std::sqrt(double(d)) / std::sqrt(double(nI)));
+#pragma omp parallel for
+  for (int t = 0; t < T; ++t) {
+    for (int h = 0; h < nI; ++h) {
+      float* qh = q.data() + (size_t(t) * nI + h) * d;
+      rope_.apply(qh + d - kRopeDim, s.positions[size_t(t)]);
+      if (!prod) continue;
+      round_bf16(qh + d - kRopeDim, kRopeDim);
+      // Rotated like the keys, then quantized like them (SPEC §5).
+      hadamard_rotate(qh, d);
+      round_bf16(qh, size_t(d));
+      if (key_format_ == IndexKeyFormat::kMxfp4) fake_quant_e2m1(qh, size_t(d), kFp4QuantBlock);
+      else fake_quant_e4m3(qh, size_t(d), d);
+    }
+    for (int h = 0; h < nI; ++h) {
+      float& wh = w[size_t(t) * nI + h];
+      wh = prod ? round_bf16(wh * head_scale) : wh * head_scale;
+    }
+  }
+}
+
+void IndexerOp::score(const float* q, const float* w, const float* keys, int64_t n, float* scores,
+                      std::vector<float>& scratch) const {
+  const int nI = config_.index_n_heads, d = kIndexDim;
+  const bool prod = profile_ == Profile::kProduction;
+  // Keys in tiles, so the scratch stays nI x tile whatever the context length.
+  constexpr int64_t kTile = 1024;
+  scratch.resize(size_t(nI) * kTile);
+  for (int64_t j0 = 0; j0 < n; j0 += kTile) {
+    const int64_t nj = std::min(kTile, n - j0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nI, int(nj), d, 1.0f, q, d, keys + j0 * d, d, 0.0f,
+                scratch.data(), int(nj));
+    for (int64_t j = 0; j < nj; ++j) {
+      float sum = 0;
+      for (int h = 0; h < nI; ++h) {
+        float v = scratch[size_t(h) * nj + j];
+        // Production scores are bf16: each product and the head sum are rounded.
+        if (prod) v = round_bf16(std::max(round_bf16(v), 0.0f) * w[h]);
+        else v = std::max(v, 0.0f) * w[h];
+        sum += v;
+      }
+      scores[j0 + j] = prod ? round_bf16(sum) : sum;
+    }
+  }
+}
+
+std::vector<std::vector<int32_t>> IndexerOp::select(const StepMetadata& s, const float* x, const float* cq,
+                                                    const PageStore& keys) const {
+  const int T = s.num_tokens(), nI = config_.index_n_heads, d = kIndexDim;
+  std::vector<float> q, w;
+  queries(s, x, cq, q, w);
+  std::vector<std::vector<int32_t>> picks(static_cast<size_t>(T));
+  for (size_t r = 0; r < s.runs.size(); ++r) {
+    // The run's visible keys, decoded once and shared by its tokens.
+    const int64_t last_pos = s.positions[size_t(s.token_begin[r + 1] - 1)];
+    const int64_t n = (last_pos + 1) / 4;
+    std::vector<float> k(size_t(n) * d);
+#pragma omp parallel for
+    for (int64_t j = 0; j < n; ++j)
+      keys.read(StepMetadata::map_slot(s.c4a_table[r], CacheGroup::kC4A, j), k.data() + size_t(j) * d);
+#pragma omp parallel
+    {
+      std::vector<float> scores, scratch;
+#pragma omp for schedule(dynamic)
+      for (int t = s.token_begin[r]; t < s.token_begin[r + 1]; ++t) {
+        const int64_t visible = (s.positions[size_t(t)] + 1) / 4;
+        scores.resize(size_t(visible));
+        score(q.data() + size_t(t) * nI * d, w.data() + size_t(t) * nI, k.data(), visible, scores.data(), scratch);
+        picks[size_t(t)] = top_k(scores.data(), visible, config_.index_topk);
+      }
+    }
+  }
+  return picks;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,92 @@
+// dsv4 verify DIR CASE [--profile exact|production]: replays a golden case
+// (SPEC §10) and reports per layer and call how far each tensor is.
+#include <cstdio>
+#include <map>
+#include <tuple>
+#include <memory>
+#include <string>
+
+#include "cli/commands.h"
+#include "common/error.h"
+#include "runtime/golden_replay.h"
+
+namespace dsv4::cli {
+namespace {
+
+struct VerifyArgs {
+  std::string dir, name, profile = "production", index_keys = "mxfp4";
+  int max_chunk = 0;
+  bool sequential = false, verbose = false;
+};
+
+void print_table(const ReplayResult& r, const GoldenCase& gc) {
+  // One line per (request, call, layer): the distances of every tensor compared.
+  std::printf("%-4s %-5s %-5s %-6s %10s %10s %10s %10s %10s %10s %8s\n", "req", "call", "layer", "type", "output", "kv",
+              "q", "attn", "compressed", "idx_keys", "topk");
+  std::map<std::tuple<int, int, int>, std::map<std::string, double>> rows;
+  for (const auto& m : r.metrics) rows[{m.request, m.call, m.layer}][m.tensor] = m.value;
+  for (const auto& [key, vals] : rows) {
+    const auto [req, call, layer] = key;
+    std::printf("r%-3d c%-4d l%-4d %-6s", req, call, layer,
+                std::string(layer_type_name(gc.config.layer_type(layer))).c_str());
+    for (const char* t : {"output", "kv", "q", "attn", "compressed", "index_keys"}) {
+      auto it = vals.find(t);
+      if (it == vals.end()) std::printf(" %10s", "-");
+      else std::printf(" %10.2e", it->second);
+    }
+    auto it = vals.find("topk");
+    if (it == vals.end()) std::printf(" %8s\n", "-");
+    else std::printf(" %8.4f\n", it->second);
+  }
+}
+
+void print_summary(const ReplayResult& r) {
+  std::printf("\n%-11s %6s %10s %10s %10s %10s\n", "tensor", "n", "median", "p90", "p99", "max");
+  for (const char* t : {"output", "kv", "q", "attn", "compressed", "index_keys"}) {
+    const MetricSummary s = summarize(r.metrics, t);
+    if (s.count) std::printf("%-11s %6lld %10.2e %10.2e %10.2e %10.2e\n", t, (long long)s.count, s.median, s.p90, s.p99, s.max);
+  }
+  const MetricSummary k = summarize(r.metrics, "topk");
+  if (k.count) std::printf("%-11s %6lld  overlap %.5f over all picks\n", "topk", (long long)k.count, k.topk_overlap);
+}
+
+int run_verify(const VerifyArgs& a) {
+  const GoldenCase gc = load_golden_case(a.dir, a.name);
+  ReplayOptions opt;
+  opt.profile = parse_profile(a.profile);
+  opt.index_keys = parse_index_key_format(a.index_keys);
+  opt.max_chunk = a.max_chunk;
+  opt.lockstep = !a.sequential;
+  std::printf("verify %s (%zu requests), profile %s, indexer keys %s, %s\n", a.name.c_str(), gc.requests.size(),
+              a.profile.c_str(), a.index_keys.c_str(), opt.lockstep ? "requests batched in lockstep" : "one request at a time");
+  const ReplayResult r = replay_golden(gc, opt);
+  if (a.verbose) print_table(r, gc);
+  print_summary(r);
+  const std::string why = judge_replay(r, opt.profile);
+  std::printf("\n%s: %s (%d steps)\n", why.empty() ? "PASS" : "FAIL", why.empty() ? "within tolerance" : why.c_str(),
+              r.steps);
+  return why.empty() ? 0 : 1;
+}
+
+}  // namespace
+
+void register_verify(CLI::App& app) {
+  auto* cmd = app.add_subcommand("verify", "Replay a golden case through the stack and compare every tensor");
+  auto a = std::make_shared<VerifyArgs>();
+  cmd->add_option("dir", a->dir, "directory of the golden files")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("case", a->name, "case name, e.g. mini or mini-fp8")->required();
+  cmd->add_option("--profile", a->profile, "numerics: exact or production")
+      ->check(CLI::IsMember({"exact", "production"}));
+  cmd->add_option("--index-keys", a->index_keys, "indexer key cache format: mxfp4 or fp8")
+      ->check(CLI::IsMember({"mxfp4", "fp8"}));
+  cmd->add_option("--max-chunk", a->max_chunk, "split calls into runs of at most this many tokens (0: whole calls)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--sequential", a->sequential, "one request per step instead of batching them in lockstep");
+  cmd->add_flag("-v,--verbose", a->verbose, "print every (request, call, layer)");
+  cmd->callback([a] {
+    const int rc = run_verify(*a);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace dsv4::cli
