@@ -1,6 +1,7 @@
 #include "attn/layer.h"
 
 #include <cmath>
+#include <unordered_map>
 
 #include "attn/cpu/attend.h"
 #include "cache/fp8_ds_mla.h"
@@ -114,35 +115,70 @@ void AttentionLayer::compress(const StepMetadata& s, const float* x, LayerCaptur
   if (capture) capture_entries(keys_done, *io.out_slots, *io.out, capture->index_key_tokens, capture->index_keys);
 }
 
+namespace {
+
+// Decoded cache entries of one run, each read once however many of the run's
+// tokens attend it (a prefill chunk's windows overlap almost entirely).
+class EntryRows {
+ public:
+  explicit EntryRows(const PageStore* store) : store_(store) {}
+  void add(int32_t slot) {
+    if (row_of_.try_emplace(slot, slots_.size()).second) slots_.push_back(slot);
+  }
+  void decode() {
+    rows_.resize(slots_.size() * kKvDim);
+#pragma omp parallel for
+    for (size_t i = 0; i < slots_.size(); ++i) store_->read(slots_[i], rows_.data() + i * kKvDim);
+  }
+  const float* row(int32_t slot) const { return rows_.data() + row_of_.at(slot) * kKvDim; }
+
+ private:
+  const PageStore* store_;
+  std::unordered_map<int32_t, size_t> row_of_;
+  std::vector<int32_t> slots_;
+  std::vector<float> rows_;
+};
+
+}  // namespace
+
 void AttentionLayer::attend(const StepMetadata& s, const std::vector<float>& q,
                             const std::vector<std::vector<int32_t>>& picks, std::vector<float>& o) const {
-  const int T = s.num_tokens(), H = config_.num_heads;
+  const int H = config_.num_heads;
   const AttendOptions opt{float(1.0 / std::sqrt(double(kKvDim))), opt_.profile == Profile::kProduction};
-  o.resize(size_t(T) * H * kKvDim);
-#pragma omp parallel
-  {
-    std::vector<float> keys, scratch;
-#pragma omp for schedule(dynamic)
-    for (int t = 0; t < T; ++t) {
-      keys.clear();
-      auto add = [&](const PageStore& store, int32_t slot) {
-        keys.resize(keys.size() + kKvDim);
-        store.read(slot, keys.data() + keys.size() - kKvDim);
-      };
-      for (int i = 0; i < s.window_lengths[size_t(t)]; ++i) add(*caches_.swa, s.window_indices[size_t(t) * kWindow + i]);
+  o.resize(size_t(s.num_tokens()) * H * kKvDim);
+  for (size_t r = 0; r < s.runs.size(); ++r) {
+    // Decode every entry the run's tokens read, once, before attending.
+    EntryRows window(caches_.swa), compressed(caches_.compressed);
+    std::vector<std::vector<int32_t>> comp_slots(size_t(s.token_begin[r + 1] - s.token_begin[r]));
+    for (int t = s.token_begin[r]; t < s.token_begin[r + 1]; ++t) {
+      auto& slots = comp_slots[size_t(t - s.token_begin[r])];
       if (type_ == LayerType::kC4A) {
-        const auto& table = s.c4a_table[size_t(s.token_run[size_t(t)])];
-        for (int32_t j : picks[size_t(t)]) add(*caches_.compressed, StepMetadata::map_slot(table, CacheGroup::kC4A, j));
+        for (int32_t j : picks[size_t(t)]) slots.push_back(StepMetadata::map_slot(s.c4a_table[r], CacheGroup::kC4A, j));
       } else if (type_ == LayerType::kC128A) {
         const int32_t* list = s.c128a_indices.data() + size_t(t) * size_t(s.c128a_width);
-        for (int i = 0; i < s.c128a_lengths[size_t(t)]; ++i) add(*caches_.compressed, list[i]);
+        slots.assign(list, list + s.c128a_lengths[size_t(t)]);
       }
-      const int n = int(keys.size() / kKvDim);
-      scratch.resize(size_t(H) * size_t(std::max(n, 1)));
-      float* ot = o.data() + size_t(t) * H * kKvDim;
-      attend_heads(q.data() + size_t(t) * H * kKvDim, H, keys.data(), n, w_.attn_sink.data(), opt, ot, nullptr,
-                   scratch.data());
-      if (opt.bf16_probs) round_bf16(ot, size_t(H) * kKvDim);
+      for (int i = 0; i < s.window_lengths[size_t(t)]; ++i) window.add(s.window_indices[size_t(t) * kWindow + i]);
+      for (int32_t slot : slots) compressed.add(slot);
+    }
+    window.decode();
+    compressed.decode();
+#pragma omp parallel
+    {
+      std::vector<float> keys, scratch;
+#pragma omp for schedule(dynamic)
+      for (int t = s.token_begin[r]; t < s.token_begin[r + 1]; ++t) {
+        keys.clear();
+        auto add = [&](const float* row) { keys.insert(keys.end(), row, row + kKvDim); };
+        for (int i = 0; i < s.window_lengths[size_t(t)]; ++i) add(window.row(s.window_indices[size_t(t) * kWindow + i]));
+        for (int32_t slot : comp_slots[size_t(t - s.token_begin[r])]) add(compressed.row(slot));
+        const int n = int(keys.size() / kKvDim);
+        scratch.resize(size_t(H) * size_t(std::max(n, 1)));
+        float* ot = o.data() + size_t(t) * H * kKvDim;
+        attend_heads(q.data() + size_t(t) * H * kKvDim, H, keys.data(), n, w_.attn_sink.data(), opt, ot, nullptr,
+                     scratch.data());
+        if (opt.bf16_probs) round_bf16(ot, size_t(H) * kKvDim);
+      }
     }
   }
 }

@@ -110,6 +110,12 @@ const CacheManager::RequestTables& CacheManager::request(int64_t id) const {
 
 int64_t CacheManager::length(int64_t id) const { return request(id).length; }
 
+int64_t CacheManager::tokens_held() const {
+  int64_t n = 0;
+  for (const auto& [id, r] : requests_) n += r.length;
+  return n;
+}
+
 namespace {
 
 // Entries [first, last) of group g that a run over positions [start, end) writes.

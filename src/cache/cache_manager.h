@@ -70,6 +70,8 @@ class CacheManager {
   bool has_request(int64_t id) const { return requests_.count(id) != 0; }
   // Tokens the request holds (positions 0 .. length-1 are written).
   int64_t length(int64_t id) const;
+  // Context tokens held by all open requests.
+  int64_t tokens_held() const;
 
   // Reserves every page a run [start, start + len) writes, in every group.
   // All or nothing: throws Error naming the exhausted cache and leaves the

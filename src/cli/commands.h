@@ -4,7 +4,11 @@
 
 namespace dsv4::cli {
 
+// Re-executes the process with OpenMP/OpenBLAS settings (see runtime_env.cpp).
+void reexec_with_runtime_env(char** argv);
+
 void register_inspect(CLI::App& app);
 void register_verify(CLI::App& app);
+void register_run(CLI::App& app);
 
 }  // namespace dsv4::cli

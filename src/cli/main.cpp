@@ -6,10 +6,12 @@
 #include "common/error.h"
 
 int main(int argc, char** argv) {
+  dsv4::cli::reexec_with_runtime_env(argv);
   CLI::App app{"dsv4: DeepSeek-V4 hybrid sparse attention (SWA + C4A + C128A)"};
   app.require_subcommand(1);
   dsv4::cli::register_inspect(app);
   dsv4::cli::register_verify(app);
+  dsv4::cli::register_run(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

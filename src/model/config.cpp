@@ -120,14 +120,19 @@ ModelConfig preset_config(std::string_view name) {
     c.hidden_size = 256, c.num_layers = 3, c.num_heads = 4, c.q_lora_rank = 128;
     c.o_groups = 2, c.o_lora_rank = 64, c.index_n_heads = 4, c.index_topk = 64;
     c.compress_ratios = {0, 4, 128};
+  } else if (name == "small") {
+    // Flash's structure at a size two CPU cores run in seconds: the default of `dsv4 run`.
+    c.hidden_size = 1024, c.num_layers = 8, c.num_heads = 16, c.q_lora_rank = 256;
+    c.o_groups = 4, c.o_lora_rank = 256, c.index_n_heads = 16, c.index_topk = 128;
+    c.compress_ratios = {0, 4, 128, 4, 128, 4, 128, 4};
   } else {
-    throw Error("unknown preset '" + std::string(name) + "' (expected flash, pro or mini)");
+    throw Error("unknown preset '" + std::string(name) + "' (expected flash, pro, mini or small)");
   }
   c.validate();
   return c;
 }
 
-std::vector<std::string> preset_names() { return {"flash", "pro", "mini"}; }
+std::vector<std::string> preset_names() { return {"flash", "pro", "mini", "small"}; }
 
 namespace {
 

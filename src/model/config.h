@@ -53,7 +53,8 @@ struct ModelConfig {
   void validate() const;
 };
 
-// Built-in presets: "flash", "pro", "mini" (the golden vectors' dims).
+// Built-in presets: "flash", "pro", "mini" (the golden vectors' dims), "small"
+// (Flash's layer mix scaled down for CPU runs).
 ModelConfig preset_config(std::string_view name);
 std::vector<std::string> preset_names();
 

@@ -1,0 +1,179 @@
+// dsv4 run: the attention stack of a preset or a checkpoint serving a
+// synthetic workload, scheduled step by step under a token budget.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cache/fp8_ds_mla.h"
+#include "cli/commands.h"
+#include "common/error.h"
+#include "runtime/workload.h"
+
+namespace dsv4::cli {
+namespace {
+
+struct RunArgs {
+  std::string preset = "small", config, checkpoint, profile = "production", index_keys = "mxfp4", json;
+  uint64_t seed = 0;
+  int requests = 8, prompt = 512, gen = 32, budget = 512, max_running = 8;
+  double weight_cache_gib = 4;
+};
+
+ModelConfig pick_config(const RunArgs& a) {
+  if (!a.config.empty()) return load_config(a.config);
+  if (!a.checkpoint.empty()) {
+    const std::filesystem::path p(a.checkpoint);
+    const auto dir = std::filesystem::is_directory(p) ? p : p.parent_path();
+    require(std::filesystem::exists(dir / "config.json"),
+            "no config.json in '" + dir.string() + "': pass --config FILE with the checkpoint");
+    return load_config(dir / "config.json");
+  }
+  return preset_config(a.preset);
+}
+
+// Bytes the float32 copies of every matrix would take.
+double dense_weight_bytes(const ModelConfig& c) {
+  double bytes = 0;
+  for (int l = 0; l < c.num_layers; ++l)
+    for (const TensorSpec& s : attention_tensor_specs(c, l))
+      if (s.shape.size() == 2) bytes += 4.0 * double(s.shape[0]) * double(s.shape[1]);
+  return bytes;
+}
+
+// Prompt lengths spread over [P/2, P] so chunk boundaries land on every residue.
+std::vector<WorkloadRequest> make_workload(const RunArgs& a) {
+  std::vector<WorkloadRequest> reqs;
+  for (int i = 0; i < a.requests; ++i) {
+    const int len = a.requests > 1 ? a.prompt / 2 + int(int64_t(a.prompt - a.prompt / 2) * i / (a.requests - 1)) : a.prompt;
+    reqs.push_back({i, std::max(1, len), a.gen});
+  }
+  return reqs;
+}
+
+nlohmann::json report_json(const WorkloadReport& r, const ModelConfig& c, const RunArgs& a) {
+  nlohmann::json j;
+  j["config"] = c.name;
+  j["profile"] = a.profile;
+  j["index_keys"] = a.index_keys;
+  j["requests"] = a.requests;
+  j["steps"] = r.steps;
+  j["prefill"] = {{"tokens", r.prefill_tokens}, {"seconds", r.prefill_step_seconds},
+                  {"tokens_per_s", r.prefill_step_seconds > 0 ? r.prefill_tokens / r.prefill_step_seconds : 0}};
+  j["decode"] = {{"tokens", r.decode_tokens}, {"seconds", r.decode_step_seconds},
+                 {"tokens_per_s", r.decode_step_seconds > 0 ? r.decode_tokens / r.decode_step_seconds : 0}};
+  j["total_seconds"] = r.total_seconds;
+  for (int t = 0; t < kNumLayerTypes; ++t) {
+    const std::string name(layer_type_name(LayerType(t)));
+    j["layer_types"][name] = {{"layers", r.layer_counts[size_t(t)]},
+                              {"seconds", r.layer_seconds[size_t(t)]},
+                              {"peak_cache_bytes", r.peak_cache_bytes[size_t(t)]}};
+  }
+  j["peak_cache_bytes"] = r.peak_cache_total;
+  j["peak_tokens_held"] = r.peak_tokens_held;
+  j["dense_mla_bytes_at_peak"] = double(r.peak_tokens_held) * c.num_layers * kKvEntryBytes;
+  j["finished"] = r.finished;
+  j["errors"] = r.errors;
+  j["checksum"] = r.checksum;
+  return j;
+}
+
+void print_report(const WorkloadReport& r, const ModelConfig& c) {
+  const double mib = 1024.0 * 1024;
+  auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
+  std::printf("steps %d, total %.2f s\n", r.steps, r.total_seconds);
+  std::printf("prefill: %lld tokens in %.2f s of steps with prefill = %.1f tokens/s\n", (long long)r.prefill_tokens,
+              r.prefill_step_seconds, rate(double(r.prefill_tokens), r.prefill_step_seconds));
+  std::printf("decode:  %lld tokens, %.2f s of decode-only steps = %.1f tokens/s\n", (long long)r.decode_tokens,
+              r.decode_step_seconds, rate(double(r.decode_tokens), r.decode_step_seconds));
+  std::printf("time per layer type (all steps):\n");
+  for (int t = 0; t < kNumLayerTypes; ++t) {
+    if (!r.layer_counts[size_t(t)]) continue;
+    std::printf("  %-8s %2d layers %8.2f s  (%.2f ms per layer per step)\n",
+                std::string(layer_type_name(LayerType(t))).c_str(), r.layer_counts[size_t(t)],
+                r.layer_seconds[size_t(t)],
+                1e3 * r.layer_seconds[size_t(t)] / (r.layer_counts[size_t(t)] * std::max(1, r.steps)));
+  }
+  std::printf("cache in use at its peak (%lld context tokens held):\n", (long long)r.peak_tokens_held);
+  for (int t = 0; t < kNumLayerTypes; ++t)
+    if (r.layer_counts[size_t(t)])
+      std::printf("  %-8s %10.2f MiB\n", std::string(layer_type_name(LayerType(t))).c_str(),
+                  r.peak_cache_bytes[size_t(t)] / mib);
+  const double dense = double(r.peak_tokens_held) * c.num_layers * kKvEntryBytes;
+  std::printf("  total    %10.2f MiB   (dense MLA, %d layers x 584 B per token: %.2f MiB)\n", r.peak_cache_total / mib,
+              c.num_layers, dense / mib);
+  std::printf("finished %d requests, %zu rejected runs, checksum %.6f\n", r.finished, r.errors.size(), r.checksum);
+  for (const auto& e : r.errors) std::printf("  rejected: %s\n", e.c_str());
+}
+
+void run_main(const RunArgs& a) {
+  const ModelConfig c = pick_config(a);
+  require(a.requests > 0 && a.prompt > 0 && a.gen >= 0, "--requests and --prompt must be positive, --gen >= 0");
+  EngineOptions eo;
+  eo.profile = parse_profile(a.profile);
+  eo.index_keys = parse_index_key_format(a.index_keys);
+  eo.capacity = CacheCapacity::for_workload(a.max_running, int64_t(a.prompt) + a.gen, a.budget);
+  eo.cache_weights = dense_weight_bytes(c) <= a.weight_cache_gib * 1024 * 1024 * 1024;
+  std::printf("dsv4 run: %s, %d layers (swaonly %d, c4a %d, c128a %d), hidden %d, %d heads, %s numerics\n",
+              c.name.c_str(), c.num_layers, c.count_layers(LayerType::kSwaOnly), c.count_layers(LayerType::kC4A),
+              c.count_layers(LayerType::kC128A), c.hidden_size, c.num_heads, a.profile.c_str());
+  std::printf("weights: %s%s\n",
+              a.checkpoint.empty() ? ("synthetic, seed " + std::to_string(a.seed)).c_str() : a.checkpoint.c_str(),
+              eo.cache_weights ? "" : " (dequantized per use: float32 copies would not fit --weight-cache-gib)");
+  std::printf("workload: %d requests, prompts %d..%d tokens, %d decode steps each, %d tokens per step, %d running\n",
+              a.requests, a.requests > 1 ? a.prompt / 2 : a.prompt, a.prompt, a.gen, a.budget, a.max_running);
+  std::fflush(stdout);
+  auto engine = a.checkpoint.empty() ? Engine::from_seed(c, a.seed, eo) : Engine::from_checkpoint(c, a.checkpoint, eo);
+  Scheduler sched(SchedulerOptions{a.budget, a.max_running});
+  const bool tty = isatty(fileno(stderr));
+  auto progress = [&](const StepProgress& p) {
+    if (!tty) return;
+    std::fprintf(stderr, "\r  step %4d  %7lld / %lld tokens  %zu running ", p.step, (long long)p.tokens_done,
+                 (long long)p.tokens_total, p.running);
+    std::fflush(stderr);
+  };
+  const WorkloadReport r = run_workload(*engine, sched, make_workload(a), a.seed, progress);
+  if (tty) std::fprintf(stderr, "\n");
+  print_report(r, c);
+  if (!a.json.empty()) {
+    const std::string text = report_json(r, c, a).dump(2) + "\n";
+    if (a.json == "-") {
+      std::cout << text;
+    } else {
+      std::ofstream out(a.json);
+      require(bool(out << text), "cannot write '" + a.json + "'");
+    }
+  }
+}
+
+}  // namespace
+
+void register_run(CLI::App& app) {
+  auto* cmd = app.add_subcommand("run", "Serve a synthetic workload through the attention stack (the main job)");
+  auto a = std::make_shared<RunArgs>();
+  cmd->add_option("--preset", a->preset, "built-in config: small (default), mini, flash, pro")
+      ->check(CLI::IsMember({"small", "mini", "flash", "pro"}));
+  cmd->add_option("--config", a->config, "a DeepSeek-V4 config.json")->check(CLI::ExistingFile);
+  cmd->add_option("--checkpoint", a->checkpoint, "checkpoint directory or .safetensors file (else synthetic weights)")
+      ->check(CLI::ExistingPath);
+  cmd->add_option("--seed", a->seed, "seed of the synthetic weights and inputs");
+  cmd->add_option("--requests", a->requests, "number of requests")->check(CLI::PositiveNumber);
+  cmd->add_option("--prompt", a->prompt, "longest prompt; prompts spread over [P/2, P]")->check(CLI::PositiveNumber);
+  cmd->add_option("--gen", a->gen, "decode steps per request")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--budget", a->budget, "tokens per step")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-running", a->max_running, "requests holding cache at once")->check(CLI::PositiveNumber);
+  cmd->add_option("--profile", a->profile, "numerics: production (default) or exact")
+      ->check(CLI::IsMember({"exact", "production"}));
+  cmd->add_option("--index-keys", a->index_keys, "indexer key cache: mxfp4 (default) or fp8")
+      ->check(CLI::IsMember({"mxfp4", "fp8"}));
+  cmd->add_option("--weight-cache-gib", a->weight_cache_gib, "keep float32 weight copies up to this size");
+  cmd->add_option("--json", a->json, "also write the report as JSON to FILE ('-': stdout)");
+  cmd->callback([a] { run_main(*a); });
+}
+
+}  // namespace dsv4::cli

@@ -1,0 +1,108 @@
+#include "runtime/workload.h"
+
+#include <chrono>
+#include <cmath>
+#include <numbers>
+
+#include "numerics/bf16.h"
+#include "numerics/rmsnorm.h"
+
+namespace dsv4 {
+namespace {
+
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+void synthetic_embedding(uint64_t seed, int64_t request, int64_t pos, int dim, float* out) {
+  uint64_t s = seed ^ (uint64_t(request) * 0xD1B54A32D192ED03ull) ^ (uint64_t(pos) * 0x8CB92BA72F3D8DD7ull);
+  for (int i = 0; i < dim; i += 2) {  // Box-Muller, two values per draw
+    const double u1 = (double(splitmix64(s) >> 11) + 1.0) * 0x1p-53, u2 = double(splitmix64(s) >> 11) * 0x1p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    out[i] = float(r * std::cos(2 * std::numbers::pi * u2));
+    if (i + 1 < dim) out[i + 1] = float(r * std::sin(2 * std::numbers::pi * u2));
+  }
+}
+
+WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vector<WorkloadRequest>& requests,
+                            uint64_t seed, const std::function<void(const StepProgress&)>& progress) {
+  const ModelConfig& c = engine.config();
+  const int D = c.hidden_size;
+  const bool prod = engine.options().profile == Profile::kProduction;
+  WorkloadReport rep;
+  StepProgress prog;
+  for (const auto& r : requests) {
+    scheduler.add(r);
+    prog.tokens_total += r.prompt_len + r.gen_len;
+  }
+  for (int l = 0; l < c.num_layers; ++l) ++rep.layer_counts[size_t(c.layer_type(l))];
+  const auto t_start = std::chrono::steady_clock::now();
+  while (!scheduler.done()) {
+    const auto t_step = std::chrono::steady_clock::now();
+    ScheduledStep step = scheduler.next_step();
+    for (int64_t id : step.admitted) engine.open_request(id);
+    std::vector<RunError> errors;
+    const StepMetadata s = engine.plan(step.runs, errors);
+    std::vector<size_t> rejected;
+    for (const RunError& e : errors) {
+      rejected.push_back(e.run);
+      rep.errors.push_back(e.message);
+    }
+    const int T = s.num_tokens();
+    std::vector<float> h(size_t(T) * D), a(size_t(T) * D), y(size_t(T) * D);
+    for (int t = 0; t < T; ++t)
+      synthetic_embedding(seed, s.runs[size_t(s.token_run[size_t(t)])].request, s.positions[size_t(t)], D,
+                          h.data() + size_t(t) * D);
+    for (int l = 0; l < c.num_layers; ++l) {
+      const auto t_layer = std::chrono::steady_clock::now();
+#pragma omp parallel for
+      for (int t = 0; t < T; ++t) {
+        rms_norm(h.data() + size_t(t) * D, nullptr, D, float(c.rms_norm_eps), a.data() + size_t(t) * D);
+        if (prod) round_bf16(a.data() + size_t(t) * D, size_t(D));
+      }
+      engine.forward_layer(l, s, a.data(), y.data());
+      for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+      rep.layer_seconds[size_t(c.layer_type(l))] += seconds_since(t_layer);
+    }
+    engine.commit(s);
+    // Footprint after the step's writes, before finished requests let go.
+    size_t total = 0;
+    std::array<size_t, kNumLayerTypes> bytes{};
+    for (int t = 0; t < kNumLayerTypes; ++t) total += bytes[size_t(t)] = engine.caches().bytes_in_use(LayerType(t));
+    if (total > rep.peak_cache_total) {
+      rep.peak_cache_total = total, rep.peak_cache_bytes = bytes;
+      rep.peak_tokens_held = engine.caches().tokens_held();
+    }
+    std::vector<int64_t> finished, failed;
+    scheduler.complete(step, rejected, finished, failed);
+    for (int64_t id : finished) engine.close_request(id);
+    for (int64_t id : failed) engine.close_request(id);
+    rep.finished += int(finished.size());
+    if (T > 0) {
+      double sum = 0;
+      for (float v : h) sum += std::fabs(v);
+      rep.checksum = sum / double(h.size());
+    }
+    const double dt = seconds_since(t_step);
+    int64_t prefill = 0, decode = 0;
+    for (size_t r = 0; r < s.runs.size(); ++r) (step.decode[s.input_index[r]] ? decode : prefill) += s.runs[r].len;
+    rep.prefill_tokens += prefill, rep.decode_tokens += decode;
+    (prefill > 0 ? rep.prefill_step_seconds : rep.decode_step_seconds) += dt;
+    ++rep.steps;
+    prog.step = rep.steps, prog.tokens_done += T, prog.running = scheduler.running();
+    if (progress) progress(prog);
+  }
+  rep.total_seconds = seconds_since(t_start);
+  return rep;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,44 @@
+#pragma once
+// Serves a synthetic workload through the whole attention stack: every step
+// the scheduler's runs go through all layers as h <- h + attn(RMSNorm(h)),
+// timed per layer type, with the caches' footprint tracked.
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/scheduler.h"
+
+namespace dsv4 {
+
+struct WorkloadReport {
+  int steps = 0;
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  double prefill_step_seconds = 0;  // steps that carried prefill tokens
+  double decode_step_seconds = 0;   // decode-only steps
+  double total_seconds = 0;
+  std::array<double, kNumLayerTypes> layer_seconds{};  // summed over layers of each type
+  std::array<int, kNumLayerTypes> layer_counts{};
+  std::array<size_t, kNumLayerTypes> peak_cache_bytes{};  // pages in use, per layer type
+  size_t peak_cache_total = 0;
+  int64_t peak_tokens_held = 0;    // context tokens held at that peak
+  int finished = 0;
+  std::vector<std::string> errors;  // rejected runs
+  double checksum = 0;              // mean |h| of the last layer's output, to compare runs
+};
+
+struct StepProgress {
+  int step = 0;
+  int64_t tokens_done = 0, tokens_total = 0;
+  size_t running = 0;
+};
+
+// The synthetic input of (request, position): a deterministic N(0, 1) vector.
+void synthetic_embedding(uint64_t seed, int64_t request, int64_t pos, int dim, float* out);
+
+WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vector<WorkloadRequest>& requests,
+                            uint64_t seed, const std::function<void(const StepProgress&)>& progress = {});
+
+}  // namespace dsv4
