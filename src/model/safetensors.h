@@ -36,10 +36,14 @@ struct TensorView {
 };
 
 // One mapped .safetensors file. Opening validates: header length within the
-// file, the header is a JSON object, every dtype is known, every shape is
-// non-negative with shape x dtype size == byte range, every range lies inside
-// the data section, and ranges do not overlap. Any violation throws Error
-// naming the file and the tensor.
+// file (and at most 100 MB), the header is a JSON object (nesting at most 16
+// deep) without repeated keys, so a tensor name appears once, every dtype is
+// known, every shape is non-negative with shape x dtype size == byte range
+// (no 64-bit overflow), every range lies inside the data section, ranges do
+// not overlap (gaps are allowed), and __metadata__ maps strings to strings.
+// Any violation throws Error naming the file and the tensor. Views may be
+// unaligned: read multi-byte elements with memcpy. (A file truncated by
+// someone else while mapped raises SIGBUS on access; mmap cannot prevent it.)
 class SafetensorsFile {
  public:
   static std::unique_ptr<SafetensorsFile> open(const std::filesystem::path& path);
@@ -68,8 +72,9 @@ class SafetensorsFile {
 };
 
 // A checkpoint: one .safetensors file, a directory of them, or a directory with
-// model.safetensors.index.json (sharded). Tensor names must be unique across
-// files; the index's weight_map must name files that exist and tensors they hold.
+// model.safetensors.index.json (sharded; the index file's own path works too).
+// Tensor names must be unique across files; the index's weight_map must name
+// files that exist and tensors they hold.
 class Checkpoint {
  public:
   static Checkpoint open(const std::filesystem::path& path);

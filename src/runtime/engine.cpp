@@ -11,6 +11,11 @@ Engine::Engine(const ModelConfig& config, std::vector<LayerWeights> weights, con
   require(int(weights_.size()) == config_.num_layers, "engine: " + std::to_string(weights_.size()) +
                                                           " layers of weights for " +
                                                           std::to_string(config_.num_layers) + " layers");
+  for (int l = 0; l < config_.num_layers; ++l)
+    require(weights_[size_t(l)].layer == l && weights_[size_t(l)].type == config_.layer_type(l),
+            "engine: the weights given for layer " + std::to_string(l) + " are layer " +
+                std::to_string(weights_[size_t(l)].layer) + "'s (" +
+                std::string(layer_type_name(weights_[size_t(l)].type)) + ")");
   const LayerOptions lopt{options.profile, options.index_keys, options.cache_weights};
   for (int l = 0; l < config_.num_layers; ++l)
     layers_.push_back(std::make_unique<AttentionLayer>(config_, weights_[size_t(l)], caches_.layer(l), lopt));

@@ -46,6 +46,8 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
   }
   for (int l = 0; l < c.num_layers; ++l) ++rep.layer_counts[size_t(c.layer_type(l))];
   const auto t_start = std::chrono::steady_clock::now();
+  double abs_sum = 0;
+  size_t values = 0;
   while (!scheduler.done()) {
     const auto t_step = std::chrono::steady_clock::now();
     ScheduledStep step = scheduler.next_step();
@@ -87,11 +89,8 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
     for (int64_t id : finished) engine.close_request(id);
     for (int64_t id : failed) engine.close_request(id);
     rep.finished += int(finished.size());
-    if (T > 0) {
-      double sum = 0;
-      for (float v : h) sum += std::fabs(v);
-      rep.checksum = sum / double(h.size());
-    }
+    for (float v : h) abs_sum += std::fabs(v);
+    values += h.size();
     const double dt = seconds_since(t_step);
     int64_t prefill = 0, decode = 0;
     for (size_t r = 0; r < s.runs.size(); ++r) (step.decode[s.input_index[r]] ? decode : prefill) += s.runs[r].len;
@@ -102,6 +101,7 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
     if (progress) progress(prog);
   }
   rep.total_seconds = seconds_since(t_start);
+  rep.checksum = values ? abs_sum / double(values) : 0;
   return rep;
 }
 

@@ -26,7 +26,8 @@ struct WorkloadReport {
   int64_t peak_tokens_held = 0;    // context tokens held at that peak
   int finished = 0;
   std::vector<std::string> errors;  // rejected runs
-  double checksum = 0;              // mean |h| of the last layer's output, to compare runs
+  double checksum = 0;              // mean |h| after the last layer over every token served:
+                                    // independent of the schedule, to compare runs
 };
 
 struct StepProgress {
