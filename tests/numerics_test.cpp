@@ -120,6 +120,18 @@ TEST(E4m3, MatchesBruteForceNearestOnRandomValues) {
   }
 }
 
+TEST(E4m3, MatchesBruteForceOnAFloatSweep) {
+  // Every float with the low 17 bits fixed, both signs, up to 448: 2 * 3.5e4 values
+  // covering every exponent of the normal and subnormal ranges.
+  for (uint32_t hi = 0; hi < (0x43e00000u >> 17); ++hi) {
+    for (uint32_t low : {0x00000u, 0x0ffffu, 0x10000u, 0x1ffffu}) {
+      const float x = std::bit_cast<float>((hi << 17) | low);
+      ASSERT_EQ(float_to_e4m3(x), nearest_e4m3(x)) << x;
+      ASSERT_EQ(float_to_e4m3(-x), nearest_e4m3(-x)) << -x;
+    }
+  }
+}
+
 TEST(E4m3, SaturatesAndHandlesNaN) {
   EXPECT_EQ(float_to_e4m3(448.0f), 0x7e);
   EXPECT_EQ(float_to_e4m3(464.0f), 0x7e);  // would round past 448: saturates

@@ -221,24 +221,6 @@ void fill_normal(uint64_t key, int64_t start, int64_t n, float mean, float stdde
   if (i < end) partial(0);
 }
 
-// float_to_e4m3 without libm calls or branches, so that the loops over a
-// synthetic Flash layer (~1e8 values) vectorize; quantize_fp8_matrix's test
-// checks it against the reference conversion.
-inline uint8_t e4m3_code(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  const uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
-  // |x| >= 2^-6: round the float's mantissa to 3 bits, ties to even, and rebias.
-  const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
-  const uint32_t normal = (((r >> 23) - 120u) << 3) | ((r >> 20) & 7u);
-  // |x| < 2^-6: subnormal codes m * 2^-9; adding 2^23 rounds to an integer
-  // (RNE). Clamped first so the conversion below stays in range.
-  const float small = std::min(std::bit_cast<float>(a), 0.015625f);
-  const uint32_t subnormal = uint32_t(int((small * 512.0f + 8388608.0f) - 8388608.0f));
-  uint32_t code = a < 0x3c800000u ? subnormal : normal;  // 0x3c800000 = 2^-6
-  code = a >= 0x43e00000u ? 0x7eu : code;                // >= 448 saturates
-  return a > 0x7f800000u ? kE4m3NaN : uint8_t(code | sign);
-}
-
 // Largest |x| of a block, compared as bit patterns: for non-negative floats
 // the integer order is the float order, and inf/NaN land above 0x7f7fffff.
 // (Integer max vectorizes where a float max reduction may not.)
@@ -265,7 +247,7 @@ void quantize_band(const float* band, int64_t r0, int64_t n, WeightMatrix& m) {
     for (int64_t r = 0; r < n; ++r) {
       const float* in = band + r * m.cols;
       uint8_t* out = m.owned.data() + (r0 + r) * m.cols;
-      for (int64_t c = c0; c < c1; ++c) out[c] = e4m3_code(in[c] * inv);
+      for (int64_t c = c0; c < c1; ++c) out[c] = float_to_e4m3(in[c] * inv);
     }
     m.block_scales[size_t((r0 / kBlock) * sc + cb)] = std::ldexp(1.0f, e);
   }

@@ -1,6 +1,8 @@
 #pragma once
 // float8 e4m3fn (OCP FP8): 1 sign, 4 exponent bits (bias 7), 3 mantissa bits.
 // No infinities; S.1111.111 is NaN, so the largest finite value is 448.
+#include <algorithm>
+#include <bit>
 #include <cstdint>
 
 namespace dsv4 {
@@ -12,6 +14,20 @@ inline constexpr uint8_t kE4m3NaN = 0x7f;
 float e4m3_to_float(uint8_t code);
 
 // Round to nearest even; magnitudes beyond 448 saturate to +-448; NaN -> 0x7f.
-uint8_t float_to_e4m3(float x);
+// Bit arithmetic without branches or libm calls, so loops over it vectorize.
+inline uint8_t float_to_e4m3(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  // |x| >= 2^-6: round the float's mantissa to 3 bits (ties to even) and rebias 127 -> 7.
+  const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+  const uint32_t normal = (((r >> 23) - 120u) << 3) | ((r >> 20) & 7u);
+  // |x| < 2^-6: subnormal code m for m * 2^-9; adding 2^23 rounds to an
+  // integer (ties to even). Clamped first so the conversion stays in range.
+  const float small = std::min(std::bit_cast<float>(a), 0.015625f);
+  const uint32_t subnormal = uint32_t(int((small * 512.0f + 8388608.0f) - 8388608.0f));
+  uint32_t code = a < 0x3c800000u ? subnormal : normal;  // 0x3c800000 = 2^-6
+  code = a >= 0x43e00000u ? 0x7eu : code;                // >= 448 saturates
+  return a > 0x7f800000u ? kE4m3NaN : uint8_t(code | sign);
+}
 
 }  // namespace dsv4
