@@ -3,7 +3,11 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -86,4 +90,27 @@ TEST(Cli, RunRejectsBadArguments) {
   r = dsv4("run --profile fast");
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(has(r, "fast")) << r.out;
+}
+
+TEST(Cli, RunServesACheckpointDirectory) {
+  // A checkpoint directory as a real one looks: config.json + weights with
+  // the official names and dtypes (FP8 + UE8M0 scales).
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(DSV4_BINARY_DIR) / "cli_test_ckpt";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ifstream in(std::string(DSV4_GOLDEN_DIR) + "/mini-fp8.json");
+  const auto golden = nlohmann::json::parse(in);
+  std::ofstream(dir / "config.json") << golden.at("config").dump(2);
+  fs::copy_file(fs::path(DSV4_GOLDEN_DIR) / "mini-fp8.weights.safetensors", dir / "model-00001-of-00001.safetensors");
+  const Result r = dsv4("run --checkpoint " + dir.string() + " --requests 2 --prompt 200 --gen 3");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(has(r, "3 layers (swaonly 1, c4a 1, c128a 1)")) << r.out;
+  EXPECT_TRUE(has(r, "finished 2 requests")) << r.out;
+  // Without a config next to it, the error says what to do.
+  fs::remove(dir / "config.json");
+  const Result bad = dsv4("run --checkpoint " + dir.string());
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_TRUE(has(bad, "no config.json")) << bad.out;
+  fs::remove_all(dir);
 }

@@ -85,9 +85,10 @@ struct MiniStack {
   int64_t length = 0;
   std::vector<LayerCapture> last;  // per layer, the last step's capture
 
-  MiniStack(int64_t total, std::vector<int> chunks) {
+  MiniStack(int64_t total, std::vector<int> chunks, int key_tile = 2048) {
     EngineOptions eo;
     eo.profile = Profile::kExact;
+    eo.indexer_key_tile = key_tile;
     eo.capacity = CacheCapacity::for_workload(2, total, 1024);
     engine = Engine::from_seed(c, 7, eo);
     x = randn(size_t(total) * c.hidden_size, 8);
@@ -218,4 +219,12 @@ TEST(Indexer, PicksMatchBruteForceScoresAndAFullSort) {
       EXPECT_NEAR(scores[size_t(j)], scores[size_t(order.back())], 1e-4f) << "slot " << j;
     }
   EXPECT_LE(differ, 1);
+}
+
+TEST(Indexer, StreamingKeyTilesPickWhatOneTilePicks) {
+  // 150 visible slots scored in one tile, or in tiles of 7: the same top 64.
+  MiniStack one(600, {300}), tiled(600, {300}, 7);
+  one.step(299), tiled.step(299);
+  ASSERT_EQ(one.last[1].topk.size(), 299u);
+  for (size_t t = 0; t < 299; ++t) ASSERT_EQ(one.last[1].topk[t], tiled.last[1].topk[t]) << t;
 }

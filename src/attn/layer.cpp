@@ -33,7 +33,7 @@ AttentionLayer::AttentionLayer(const ModelConfig& config, const LayerWeights& we
     index_compressor_ = std::make_unique<CompressorOp>(weights.indexer->compressor, options.profile,
                                                        options.cache_weights, rope_, eps, true);
     indexer_ = std::make_unique<IndexerOp>(*weights.indexer, config, options.profile, options.cache_weights, rope_,
-                                           options.index_keys);
+                                           options.index_keys, options.indexer_key_tile);
   }
 }
 

@@ -35,6 +35,7 @@ struct LayerOptions {
   Profile profile = Profile::kProduction;
   IndexKeyFormat index_keys = IndexKeyFormat::kMxfp4;
   bool cache_weights = true;  // float32 copies of the matrices (see Linear)
+  int indexer_key_tile = 2048;  // keys scored per tile by the indexer
 };
 
 class AttentionLayer {

@@ -16,7 +16,7 @@ Engine::Engine(const ModelConfig& config, std::vector<LayerWeights> weights, con
             "engine: the weights given for layer " + std::to_string(l) + " are layer " +
                 std::to_string(weights_[size_t(l)].layer) + "'s (" +
                 std::string(layer_type_name(weights_[size_t(l)].type)) + ")");
-  const LayerOptions lopt{options.profile, options.index_keys, options.cache_weights};
+  const LayerOptions lopt{options.profile, options.index_keys, options.cache_weights, options.indexer_key_tile};
   for (int l = 0; l < config_.num_layers; ++l)
     layers_.push_back(std::make_unique<AttentionLayer>(config_, weights_[size_t(l)], caches_.layer(l), lopt));
 }

@@ -20,6 +20,7 @@ struct EngineOptions {
   IndexKeyFormat index_keys = IndexKeyFormat::kMxfp4;
   CacheCapacity capacity = CacheCapacity::for_workload(16, 8192, 2048);
   bool cache_weights = true;
+  int indexer_key_tile = 2048;
 };
 
 class Engine {

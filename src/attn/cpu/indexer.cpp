@@ -23,8 +23,8 @@ std::vector<int32_t> top_k(const float* scores, int64_t n, int k) {
 }
 
 IndexerOp::IndexerOp(const IndexerWeights& w, const ModelConfig& config, Profile profile, bool cache_weights,
-                     const Rope& rope, IndexKeyFormat key_format)
-    : config_(config), profile_(profile), rope_(rope), key_format_(key_format),
+                     const Rope& rope, IndexKeyFormat key_format, int key_tile)
+    : config_(config), profile_(profile), rope_(rope), key_format_(key_format), key_tile_(std::max(1, key_tile)),
       wq_b_(&w.wq_b, LinearMode::kFp8, cache_weights),
       weights_proj_(&w.weights_proj, LinearMode::kBf16, cache_weights) {}
 
@@ -61,52 +61,78 @@ void IndexerOp::score(const float* q, const float* w, const float* keys, int64_t
                       std::vector<float>& scratch) const {
   const int nI = config_.index_n_heads, d = kIndexDim;
   const bool prod = profile_ == Profile::kProduction;
-  // Keys in tiles, so the scratch stays nI x tile whatever the context length.
-  constexpr int64_t kTile = 1024;
-  scratch.resize(size_t(nI) * kTile);
-  for (int64_t j0 = 0; j0 < n; j0 += kTile) {
-    const int64_t nj = std::min(kTile, n - j0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nI, int(nj), d, 1.0f, q, d, keys + j0 * d, d, 0.0f,
-                scratch.data(), int(nj));
-    for (int64_t j = 0; j < nj; ++j) {
-      float sum = 0;
-      for (int h = 0; h < nI; ++h) {
-        float v = scratch[size_t(h) * nj + j];
-        // Production scores are bf16: each product and the head sum are rounded.
-        if (prod) v = round_bf16(std::max(round_bf16(v), 0.0f) * w[h]);
-        else v = std::max(v, 0.0f) * w[h];
-        sum += v;
-      }
-      scores[j0 + j] = prod ? round_bf16(sum) : sum;
+  scratch.resize(size_t(nI) * size_t(n));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nI, int(n), d, 1.0f, q, d, keys, d, 0.0f, scratch.data(),
+              int(n));
+  for (int64_t j = 0; j < n; ++j) {
+    float sum = 0;
+    for (int h = 0; h < nI; ++h) {
+      float v = scratch[size_t(h) * size_t(n) + size_t(j)];
+      // Production scores are bf16: each product and the head sum are rounded.
+      if (prod) v = round_bf16(std::max(round_bf16(v), 0.0f) * w[h]);
+      else v = std::max(v, 0.0f) * w[h];
+      sum += v;
     }
+    scores[j] = prod ? round_bf16(sum) : sum;
   }
 }
 
+namespace {
+
+struct Candidate {
+  float score;
+  int32_t slot;
+};
+// A total order (ties to the lower slot), so streaming selection equals a full sort.
+bool better(const Candidate& a, const Candidate& b) {
+  return a.score > b.score || (a.score == b.score && a.slot < b.slot);
+}
+
+}  // namespace
+
 std::vector<std::vector<int32_t>> IndexerOp::select(const StepMetadata& s, const float* x, const float* cq,
                                                     const PageStore& keys) const {
-  const int T = s.num_tokens(), nI = config_.index_n_heads, d = kIndexDim;
+  const int T = s.num_tokens(), nI = config_.index_n_heads, d = kIndexDim, k = config_.index_topk;
   std::vector<float> q, w;
   queries(s, x, cq, q, w);
   std::vector<std::vector<int32_t>> picks(static_cast<size_t>(T));
+  // Keys stream through in tiles decoded once per run, and each token keeps
+  // only its k best so far: memory stays O(tile + T * k) at any context length.
+  const int64_t kTile = key_tile_;
+  std::vector<float> tile(size_t(kTile) * d);
+  std::vector<std::vector<Candidate>> best(static_cast<size_t>(T));
   for (size_t r = 0; r < s.runs.size(); ++r) {
-    // The run's visible keys, decoded once and shared by its tokens.
-    const int64_t last_pos = s.positions[size_t(s.token_begin[r + 1] - 1)];
-    const int64_t n = (last_pos + 1) / 4;
-    std::vector<float> k(size_t(n) * d);
+    const int64_t n = (s.positions[size_t(s.token_begin[r + 1] - 1)] + 1) / 4;  // visible to the run's last token
+    for (int64_t j0 = 0; j0 < n; j0 += kTile) {
+      const int64_t j1 = std::min(n, j0 + kTile);
 #pragma omp parallel for
-    for (int64_t j = 0; j < n; ++j)
-      keys.read(StepMetadata::map_slot(s.c4a_table[r], CacheGroup::kC4A, j), k.data() + size_t(j) * d);
+      for (int64_t j = j0; j < j1; ++j)
+        keys.read(StepMetadata::map_slot(s.c4a_table[r], CacheGroup::kC4A, j), tile.data() + size_t(j - j0) * d);
 #pragma omp parallel
-    {
-      std::vector<float> scores, scratch;
+      {
+        std::vector<float> scores, scratch;
 #pragma omp for schedule(dynamic)
-      for (int t = s.token_begin[r]; t < s.token_begin[r + 1]; ++t) {
-        const int64_t visible = (s.positions[size_t(t)] + 1) / 4;
-        scores.resize(size_t(visible));
-        score(q.data() + size_t(t) * nI * d, w.data() + size_t(t) * nI, k.data(), visible, scores.data(), scratch);
-        picks[size_t(t)] = top_k(scores.data(), visible, config_.index_topk);
+        for (int t = s.token_begin[r]; t < s.token_begin[r + 1]; ++t) {
+          const int64_t visible = std::min(j1, (s.positions[size_t(t)] + 1) / 4);
+          if (visible <= j0) continue;
+          scores.resize(size_t(visible - j0));
+          score(q.data() + size_t(t) * nI * d, w.data() + size_t(t) * nI, tile.data(), visible - j0, scores.data(),
+                scratch);
+          auto& b = best[size_t(t)];
+          for (int64_t j = j0; j < visible; ++j) b.push_back({scores[size_t(j - j0)], int32_t(j)});
+          if (int64_t(b.size()) > k) {
+            std::nth_element(b.begin(), b.begin() + k, b.end(), better);
+            b.resize(size_t(k));
+          }
+        }
       }
     }
+  }
+#pragma omp parallel for
+  for (int t = 0; t < T; ++t) {
+    auto& b = best[size_t(t)];
+    std::sort(b.begin(), b.end(), better);
+    for (const Candidate& c : b) picks[size_t(t)].push_back(c.slot);
   }
   return picks;
 }

@@ -16,8 +16,9 @@ namespace dsv4 {
 
 class IndexerOp {
  public:
+  // Keys are scored in tiles of `key_tile` (memory O(tile + T * k)).
   IndexerOp(const IndexerWeights& w, const ModelConfig& config, Profile profile, bool cache_weights, const Rope& rope,
-            IndexKeyFormat key_format);
+            IndexKeyFormat key_format, int key_tile = 2048);
 
   // x: [T, D] layer input; cq: [T, q_lora] normalized query latent. The keys
   // of every visible slot must already be in `keys`. Returns, per token, the
@@ -29,7 +30,7 @@ class IndexerOp {
   // Queries [T, nI, 128] as the scorer sees them, and head weights [T, nI].
   void queries(const StepMetadata& s, const float* x, const float* cq, std::vector<float>& q,
                std::vector<float>& w) const;
-  // Scores of slots [0, n) for one token against the run's decoded keys.
+  // Scores of n consecutive decoded keys for one token.
   void score(const float* q, const float* w, const float* keys, int64_t n, float* scores,
              std::vector<float>& scratch) const;
 
@@ -37,6 +38,7 @@ class IndexerOp {
   Profile profile_;
   const Rope& rope_;
   IndexKeyFormat key_format_;
+  int key_tile_;
   Linear wq_b_, weights_proj_;
 };
 

@@ -1,0 +1,179 @@
+// Host side of the CUDA sparse attention: parameter checks, device workspace,
+// plan slots and kernel launches.
+#include "attn/cuda/sparse_attention_cuda.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attn/cuda/sparse_mla_internal.cuh"
+#include "cache/fp8_ds_mla.h"
+#include "common/error.h"
+
+namespace dsv4 {
+namespace {
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("sparse attention (cuda): ") + what + ": " + cudaGetErrorString(e));
+}
+
+bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+void check_list(const KvPages& cache, const IndexList& list, const std::string& what) {
+  require(list.width >= 0, what + ": negative index width");
+  if (list.width == 0) return;
+  require(list.indices && list.lengths, what + ": index list without indices or lengths");
+  require(aligned(list.indices, 4) && aligned(list.lengths, 4), what + ": misaligned index list");
+  require(cache.base && cache.num_pages > 0, what + ": index list given but the cache has no pages");
+  require(cache.entries_per_page > 0, what + ": entries_per_page must be positive");
+  require(cache.page_stride >= fp8_ds_mla_page_stride(cache.entries_per_page),
+          what + ": page stride smaller than an fp8_ds_mla page");
+  // 16-byte loads of the 576-byte records (576 = 36 * 16).
+  require(aligned(cache.base, 16) && cache.page_stride % 16 == 0, what + ": cache base and page stride must be 16-byte aligned");
+}
+
+int head_blocks(int heads) { return (heads + cuda::kHeadBlock - 1) / cuda::kHeadBlock; }
+
+}  // namespace
+
+void check_sparse_attention_cuda_params(const SparseAttentionParams& p, const SparseAttentionCudaLimits& limits) {
+  require(p.num_tokens >= 0, "sparse attention (cuda): negative token count");
+  require(p.num_tokens <= limits.max_tokens, "sparse attention (cuda): " + std::to_string(p.num_tokens) +
+                                                 " tokens exceed the limit of " + std::to_string(limits.max_tokens));
+  if (p.num_tokens == 0) return;
+  require(p.num_heads > 0 && p.num_heads <= limits.max_heads,
+          "sparse attention (cuda): num_heads must be in [1, " + std::to_string(limits.max_heads) + "]");
+  require(p.q && p.out && p.attn_sink, "sparse attention (cuda): q, out and attn_sink are required");
+  require(aligned(p.q, 16) && aligned(p.out, 8) && aligned(p.attn_sink, 4) && aligned(p.lse, 4),
+          "sparse attention (cuda): q must be 16-byte, out 8-byte, attn_sink and lse 4-byte aligned");
+  require(p.softmax_scale > 0 && std::isfinite(p.softmax_scale), "sparse attention (cuda): bad softmax scale");
+  check_list(p.swa_cache, p.swa, "sparse attention (cuda, swa)");
+  check_list(p.extra_cache, p.extra, "sparse attention (cuda, extra)");
+  // Tile numbers are 32-bit on the device.
+  const int64_t tiles_per_unit = (int64_t(p.swa.width) + p.extra.width) / cuda::kTileEntries + 1;
+  require(int64_t(p.num_tokens) * head_blocks(p.num_heads) * tiles_per_unit < (int64_t(1) << 30),
+          "sparse attention (cuda): too much work for one call");
+}
+
+struct SparseAttentionCuda::Impl {
+  struct PlanSlot {
+    cuda::PlanView view{};
+    bool built = false;
+    int tokens = 0, heads = 0, swa_width = 0, extra_width = 0;
+  };
+  SparseAttentionCudaLimits limits;
+  int grid = 0;
+  std::vector<void*> allocations;
+  float* partial_o = nullptr;
+  float2* partial_ml = nullptr;
+  std::vector<PlanSlot> plans;
+  size_t bytes = 0;
+
+  template <typename T>
+  T* alloc(size_t count) {
+    void* p = nullptr;
+    cuda_check(cudaMalloc(&p, count * sizeof(T)), "cudaMalloc");
+    allocations.push_back(p);
+    bytes += count * sizeof(T);
+    return static_cast<T*>(p);
+  }
+  ~Impl() {
+    for (void* p : allocations) cudaFree(p);
+  }
+
+  cuda::AttnParams params(const SparseAttentionParams& p, const PlanSlot& slot) const {
+    cuda::AttnParams a{};
+    a.num_tokens = p.num_tokens;
+    a.num_heads = p.num_heads;
+    a.head_blocks = head_blocks(p.num_heads);
+    a.q = p.q;
+    auto cache = [](const KvPages& c, const IndexList& l) {
+      cuda::CacheView v{};
+      if (l.width > 0) {
+        v.base = c.base;
+        v.capacity = c.capacity();
+        v.page_stride = int64_t(c.page_stride);
+        v.entries_per_page = uint32_t(c.entries_per_page);
+      }
+      return v;
+    };
+    a.swa_cache = cache(p.swa_cache, p.swa);
+    a.extra_cache = cache(p.extra_cache, p.extra);
+    a.swa = cuda::ListView{p.swa.indices, p.swa.lengths, p.swa.width};
+    a.extra = cuda::ListView{p.extra.indices, p.extra.lengths, p.extra.width};
+    a.sink = p.attn_sink;
+    a.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+    a.out = p.out;
+    a.lse = p.lse;
+    a.plan = slot.view;
+    a.partial_o = partial_o;
+    a.partial_ml = partial_ml;
+    a.grid = grid;
+    return a;
+  }
+};
+
+SparseAttentionCuda::SparseAttentionCuda(const SparseAttentionCudaLimits& limits) : impl_(new Impl) {
+  try {
+    require(limits.max_tokens >= 0 && limits.max_heads > 0 && limits.num_plans > 0,
+            "sparse attention (cuda): bad limits");
+    impl_->limits = limits;
+    int device = 0, sms = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    const int per_sm = cuda::prepare_attention_kernel();
+    if (per_sm < 0) cuda_check(cudaError_t(-per_sm), "preparing the attention kernel");
+    require(per_sm > 0, "sparse attention (cuda): the attention kernel does not fit on this device");
+    impl_->grid = sms * per_sm;  // one wave: all CTAs resident together
+    const int g = impl_->grid;
+    impl_->partial_o = impl_->alloc<float>(size_t(g) * 2 * cuda::kHeadBlock * 512);
+    impl_->partial_ml = impl_->alloc<float2>(size_t(g) * 2 * cuda::kHeadBlock);
+    const size_t units = size_t(limits.max_tokens) * head_blocks(limits.max_heads);
+    impl_->plans.resize(limits.num_plans);
+    for (auto& s : impl_->plans) {
+      s.view.unit_info = impl_->alloc<int4>(units + 1);
+      s.view.cta_work = impl_->alloc<int4>(g);
+      s.view.arrive = impl_->alloc<uint32_t>(2 * size_t(g));
+      s.view.claim = impl_->alloc<uint32_t>(2 * size_t(g));
+    }
+  } catch (...) {
+    delete impl_;
+    throw;
+  }
+}
+
+SparseAttentionCuda::~SparseAttentionCuda() { delete impl_; }
+
+const SparseAttentionCudaLimits& SparseAttentionCuda::limits() const { return impl_->limits; }
+int SparseAttentionCuda::grid_size() const { return impl_->grid; }
+size_t SparseAttentionCuda::workspace_bytes() const { return impl_->bytes; }
+
+void SparseAttentionCuda::plan(const SparseAttentionParams& p, CUstream_st* stream, int slot) {
+  require(slot >= 0 && slot < int(impl_->plans.size()), "sparse attention (cuda): no plan slot " + std::to_string(slot));
+  check_sparse_attention_cuda_params(p, impl_->limits);
+  Impl::PlanSlot& s = impl_->plans[slot];
+  s.built = true;
+  s.tokens = p.num_tokens;
+  s.heads = p.num_heads;
+  s.swa_width = p.swa.width;
+  s.extra_width = p.extra.width;
+  if (p.num_tokens == 0) return;
+  cuda::launch_plan(impl_->params(p, s), stream);
+  cuda_check(cudaGetLastError(), "plan kernel launch");
+}
+
+void SparseAttentionCuda::run(const SparseAttentionParams& p, CUstream_st* stream, int slot) {
+  require(slot >= 0 && slot < int(impl_->plans.size()), "sparse attention (cuda): no plan slot " + std::to_string(slot));
+  check_sparse_attention_cuda_params(p, impl_->limits);
+  const Impl::PlanSlot& s = impl_->plans[slot];
+  require(s.built, "sparse attention (cuda): run() before plan()");
+  require(s.tokens == p.num_tokens && s.heads == p.num_heads && s.swa_width == p.swa.width &&
+              s.extra_width == p.extra.width,
+          "sparse attention (cuda): the plan was built for other tokens, heads or index widths");
+  if (p.num_tokens == 0) return;
+  cuda::launch_attention(impl_->params(p, s), stream);
+  cuda_check(cudaGetLastError(), "attention kernel launch");
+}
+
+}  // namespace dsv4

@@ -1,0 +1,61 @@
+#pragma once
+// The CUDA backend of the sparse-attention interface (attn/sparse_attention.h)
+// for Hopper (sm_90a): same semantics and numerics as sparse_attention_cpu,
+// with every pointer of SparseAttentionParams a DEVICE pointer.
+//
+// Two calls per layer type and step:
+//   plan(p, stream, slot)  one tiny kernel: splits the step's work (all tokens
+//                          x head blocks x tiles of 64 entries) evenly over the
+//                          GPU's multiprocessors, reading the lengths on the
+//                          device. Shared by every layer of that type.
+//   run(p, stream, slot)   one kernel per layer: attention, plus the merge of
+//                          rows that were split across multiprocessors.
+// Both only launch kernels (no allocation, no synchronisation), so a decode
+// step can be captured in a CUDA graph. The object owns all device memory,
+// sized at construction from the limits.
+//
+// A plan is valid for the token count, head count, index-list widths and
+// lengths it was built from; run() takes the lengths from the plan (the
+// indices, q, caches and outputs from its own params). Host-side problems
+// (bad params, a run without a matching plan, sizes beyond the limits) throw
+// Error before anything is launched; CUDA errors are checked after every call
+// and also throw Error. Calls of one object must be ordered on one stream
+// (they share the merge workspace).
+#include <cstddef>
+
+#include "attn/sparse_attention.h"
+
+struct CUstream_st;  // cudaStream_t without the CUDA headers
+
+namespace dsv4 {
+
+struct SparseAttentionCudaLimits {
+  int max_tokens = 0;  // tokens of one call
+  int max_heads = 128;
+  int num_plans = 1;   // plans kept side by side, e.g. one per layer type
+};
+
+class SparseAttentionCuda {
+ public:
+  // On the current CUDA device.
+  explicit SparseAttentionCuda(const SparseAttentionCudaLimits& limits);
+  ~SparseAttentionCuda();
+  SparseAttentionCuda(const SparseAttentionCuda&) = delete;
+  SparseAttentionCuda& operator=(const SparseAttentionCuda&) = delete;
+
+  void plan(const SparseAttentionParams& p, CUstream_st* stream, int slot = 0);
+  void run(const SparseAttentionParams& p, CUstream_st* stream, int slot = 0);
+
+  const SparseAttentionCudaLimits& limits() const;
+  int grid_size() const;           // CTAs of the attention kernel (one per SM)
+  size_t workspace_bytes() const;  // device memory owned by this object
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+// The checks run() and plan() do before launching; throws Error naming the problem.
+void check_sparse_attention_cuda_params(const SparseAttentionParams& p, const SparseAttentionCudaLimits& limits);
+
+}  // namespace dsv4

@@ -1,0 +1,81 @@
+#pragma once
+// Internals shared by the host side (sparse_attention_cuda.cu), the plan
+// kernel and the attention kernel. Not part of the public API.
+//
+// Work decomposition. A "unit" is one (token, block of 64 heads); unit
+// u = token * head_blocks + head_block. A unit's attended set (its SWA list,
+// then its extra list) is cut into tiles of 64 entries; an empty unit still
+// counts one tile so that it writes its zero output and -inf lse. The plan
+// numbers all tiles of all units consecutively and gives CTA c the tiles
+// [c * per, (c + 1) * per), per = ceil(total / grid). A unit that falls
+// wholly inside one CTA's range is finished by that CTA; a unit cut by range
+// boundaries ("split") gets one fp32 partial per CTA that touches it, and the
+// participants merge the partials at the end of the kernel (see
+// sparse_mla_kernel.cu). Each CTA touches at most two split units: the first
+// and the last of its range, which use partial slots 0 and 1.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dsv4::cuda {
+
+inline constexpr int kTileEntries = 64;  // entries per tile
+inline constexpr int kHeadBlock = 64;    // heads per unit
+inline constexpr int kConsumerThreads = 256;
+inline constexpr int kProducerThreads = 128;
+inline constexpr int kAttnThreads = kConsumerThreads + kProducerThreads;
+inline constexpr int kPlanThreads = 1024;
+
+struct CacheView {
+  const uint8_t* base;
+  int64_t capacity;        // num_pages * entries_per_page
+  int64_t page_stride;     // bytes
+  uint32_t entries_per_page;
+};
+
+struct ListView {
+  const int32_t* indices;  // [num_tokens, width]
+  const int32_t* lengths;  // [num_tokens]
+  int width;
+};
+
+// One plan, in device memory.
+struct PlanView {
+  int4* unit_info;   // [units + 1]: {first tile, swa length, extra length, 0}; [units].x = total tiles
+  int4* cta_work;    // [grid]: {first tile, end tile, first unit, tiles per CTA}
+  uint32_t* arrive;  // [2 * grid]: arrivals at split units, indexed by the unit's first CTA and its slot
+  uint32_t* claim;   // [2 * grid]: merge claims, indexed by the partial's CTA and slot
+};
+
+struct AttnParams {
+  int num_tokens;
+  int num_heads;
+  int head_blocks;          // ceil(num_heads / 64)
+  const uint16_t* q;        // [num_tokens, num_heads, 512] bf16
+  CacheView swa_cache;
+  CacheView extra_cache;
+  ListView swa;
+  ListView extra;
+  const float* sink;        // [num_heads]
+  float scale_log2;         // softmax_scale * log2(e)
+  uint16_t* out;            // [num_tokens, num_heads, 512] bf16
+  float* lse;               // [num_tokens, num_heads] or null
+  PlanView plan;
+  float* partial_o;         // [grid][2][64][512] unnormalised fp32 outputs
+  float2* partial_ml;       // [grid][2][64] {running max (log2 units), sum of exp2}
+  int grid;
+};
+
+// Bytes of dynamic shared memory the attention kernel needs.
+size_t attention_smem_bytes();
+// Raises the kernel's dynamic shared-memory limit; returns CTAs per SM.
+int prepare_attention_kernel();
+void launch_plan(const AttnParams& p, cudaStream_t stream);
+void launch_attention(const AttnParams& p, cudaStream_t stream);
+// Which consumer variant launch_attention uses: 0 (default) splits Q K^T over
+// dims between warp pairs; 1 gives each warp all 512 dims. A process-wide
+// knob for the benchmark, which times both.
+int& attention_variant();
+
+}  // namespace dsv4::cuda

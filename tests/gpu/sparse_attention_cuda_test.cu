@@ -1,0 +1,323 @@
+// GPU sparse attention (attn/cuda) against the float64 reference on random
+// problems. Every test skips itself where no CUDA device is present.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "attn/cuda/fp8_dequant.cuh"
+#include "attn/cuda/sparse_attention_cuda.h"
+#include "common/error.h"
+#include "numerics/e4m3.h"
+#include "numerics/ue8m0.h"
+#include "sparse_attention_case.h"
+
+namespace dsv4::test {
+namespace {
+
+class SparseAttentionCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+// Plans, runs (outputs poisoned first) and compares with the reference.
+void run_and_check(const CaseSpec& spec, int max_tokens = 0) {
+  const HostCase hc = make_case(spec);
+  DeviceCase dc(hc);
+  SparseAttentionCuda attn({max_tokens > 0 ? max_tokens : spec.tokens, 128, 1});
+  dc.poison();
+  attn.plan(dc.p, nullptr);
+  attn.run(dc.p, nullptr);
+  DSV4_CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+  dc.download(out, lse);
+  const Reference ref = reference(hc.params());
+  const CompareStats st = compare(ref, out, lse, spec.tokens, spec.heads);
+  EXPECT_EQ(st.bad_rows, 0) << st.first_failure << " (nan rows " << st.nan_rows << ")";
+  EXPECT_EQ(st.bad_lse, 0) << st.first_failure;
+  ::testing::Test::RecordProperty("max_rel_l2", std::to_string(st.max_rel));
+  ::testing::Test::RecordProperty("max_lse_diff", std::to_string(st.max_lse_diff));
+  std::printf("    rows %d  max rel L2 %.3e  max |lse diff| %.3e\n", st.rows, st.max_rel, st.max_lse_diff);
+}
+
+// ---- the dequantization itself: bit-exact against the CPU codec -------------
+
+__global__ void dequant_kernel(const uint32_t* words, const uint8_t* scales, uint32_t* out, int chunks) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= chunks) return;
+  const uint32_t w[4] = {words[4 * i], words[4 * i + 1], words[4 * i + 2], words[4 * i + 3]};
+  const dsv4::cuda::ScaleFactors f = dsv4::cuda::scale_factors(scales[i]);
+  uint32_t o[8];
+  if (scales[i] > 134)
+    dsv4::cuda::dequant_chunk<true>(w, f, o);
+  else
+    dsv4::cuda::dequant_chunk<false>(w, f, o);
+  for (int k = 0; k < 8; ++k) out[8 * i + k] = o[k];
+}
+
+TEST_F(SparseAttentionCudaTest, DequantIsExactForAllCodesAndScales) {
+  // Every non-NaN e4m3 code (subnormals included) under every scale byte from
+  // 64 up (smaller scales would need bf16 subnormal results; no real cache
+  // has them) and the NaN scale byte 255.
+  std::vector<uint8_t> codes;
+  for (int c = 0; c < 256; ++c)
+    if ((c & 0x7f) != 0x7f) codes.push_back(uint8_t(c));
+  while (codes.size() % 16) codes.push_back(0);
+  const int per_scale = int(codes.size() / 16);
+  std::vector<uint32_t> words;
+  std::vector<uint8_t> scales;
+  for (int sb = 64; sb < 256; ++sb)
+    for (int k = 0; k < per_scale; ++k) {
+      uint32_t w[4];
+      std::memcpy(w, codes.data() + 16 * k, 16);
+      words.insert(words.end(), w, w + 4);
+      scales.push_back(uint8_t(sb));
+    }
+  const int chunks = int(scales.size());
+  uint32_t *dw, *dout;
+  uint8_t* ds;
+  DSV4_CUDA_OK(cudaMalloc(&dw, words.size() * 4));
+  DSV4_CUDA_OK(cudaMalloc(&ds, scales.size()));
+  DSV4_CUDA_OK(cudaMalloc(&dout, size_t(chunks) * 32));
+  cudaMemcpy(dw, words.data(), words.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(ds, scales.data(), scales.size(), cudaMemcpyHostToDevice);
+  dequant_kernel<<<(chunks + 127) / 128, 128>>>(dw, ds, dout, chunks);
+  DSV4_CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint32_t> out(size_t(chunks) * 8);
+  cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost);
+  cudaFree(dw);
+  cudaFree(ds);
+  cudaFree(dout);
+  int bad = 0;
+  for (int i = 0; i < chunks; ++i) {
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&words[4 * size_t(i)]);
+    for (int d = 0; d < 16; ++d) {
+      const uint16_t got = uint16_t(out[8 * size_t(i) + d / 2] >> (16 * (d % 2)));
+      const float want = e4m3_to_float(bytes[d]) * ue8m0_to_float(scales[i]);
+      const bool ok = std::isnan(want) ? std::isnan(bf16_to_float(got)) : got == bf16_bits(want);
+      if (!ok && bad++ < 5)
+        ADD_FAILURE() << "code " << int(bytes[d]) << " scale byte " << int(scales[i]) << ": got 0x" << std::hex << got
+                      << " want 0x" << bf16_bits(want);
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// ---- accuracy over the shapes of SPEC §8 --------------------------------------
+
+TEST_F(SparseAttentionCudaTest, WindowOnlyH64) { run_and_check({.tokens = 37, .heads = 64, .seed = 11}); }
+
+TEST_F(SparseAttentionCudaTest, WindowOnlyH128FullLengths) {
+  run_and_check({.tokens = 9, .heads = 128, .ragged = false, .hole_rate = 0, .oor_rate = 0, .seed = 12});
+}
+
+TEST_F(SparseAttentionCudaTest, Extra512Page64H64) {
+  run_and_check({.tokens = 29, .heads = 64, .extra_width = 512, .extra_page = 64, .seed = 13});
+}
+
+TEST_F(SparseAttentionCudaTest, Extra1024Page64H128) {
+  run_and_check({.tokens = 13, .heads = 128, .extra_width = 1024, .extra_page = 64, .seed = 14});
+}
+
+TEST_F(SparseAttentionCudaTest, Extra1024Page2H64) {
+  run_and_check({.tokens = 21, .heads = 64, .extra_width = 1024, .extra_page = 2, .seed = 15});
+}
+
+TEST_F(SparseAttentionCudaTest, Extra8192Page2H64) {
+  run_and_check({.tokens = 4, .heads = 64, .extra_width = 8192, .extra_page = 2, .seed = 16});
+}
+
+TEST_F(SparseAttentionCudaTest, Extra8192Page2H128FullLengths) {
+  run_and_check({.tokens = 2, .heads = 128, .extra_width = 8192, .extra_page = 2, .ragged = false, .seed = 17});
+}
+
+TEST_F(SparseAttentionCudaTest, SmallHeadCountIsPadded) {
+  run_and_check({.tokens = 50, .heads = 4, .extra_width = 512, .extra_page = 64, .seed = 18});
+  run_and_check({.tokens = 7, .heads = 96, .extra_width = 1024, .extra_page = 2, .seed = 19});
+}
+
+TEST_F(SparseAttentionCudaTest, EmptyRowsGiveZeroAndMinusInfinity) {
+  // Rows of length 0 and rows made only of -1, among normal rows, split and not.
+  run_and_check({.tokens = 24, .heads = 64, .extra_width = 512, .extra_page = 64, .empty_rows = 10, .seed = 20});
+  run_and_check({.tokens = 6, .heads = 64, .extra_width = 1024, .extra_page = 2, .empty_rows = 6, .seed = 21});
+}
+
+TEST_F(SparseAttentionCudaTest, ManyTokensMixedSplits) {
+  // More units than CTAs, ragged: whole units, split units and CTA ranges
+  // that start and end inside units.
+  run_and_check({.tokens = 300, .heads = 64, .extra_width = 1024, .extra_page = 64, .seed = 22});
+}
+
+TEST_F(SparseAttentionCudaTest, PrefillChunk) {
+  // A prefill-like call: many tokens, full windows and selections.
+  run_and_check({.tokens = 512, .heads = 64, .extra_width = 512, .extra_page = 64, .ragged = false, .seed = 23});
+}
+
+TEST_F(SparseAttentionCudaTest, SanitizerSmall) {
+  // Small enough for compute-sanitizer: a split unit, an empty row, padding.
+  run_and_check({.tokens = 3, .heads = 4, .swa_width = 128, .extra_width = 256, .extra_page = 2, .empty_rows = 1, .seed = 24});
+  run_and_check({.tokens = 2, .heads = 64, .extra_width = 2048, .extra_page = 64, .seed = 25});
+}
+
+// ---- graph capture, determinism, plan slots, errors ---------------------------
+
+TEST_F(SparseAttentionCudaTest, GraphCaptureReplayMatchesEagerBitwise) {
+  const HostCase hc = make_case({.tokens = 8, .heads = 128, .extra_width = 1024, .extra_page = 2, .seed = 30});
+  DeviceCase dc(hc);
+  SparseAttentionCuda attn({8, 128, 1});
+  cudaStream_t s;
+  DSV4_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  dc.poison(s);
+  attn.plan(dc.p, s);
+  attn.run(dc.p, s);
+  DSV4_CUDA_OK(cudaStreamSynchronize(s));
+  std::vector<uint16_t> eager_out, out;
+  std::vector<float> eager_lse, lse;
+  dc.download(eager_out, eager_lse);
+
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  DSV4_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  attn.plan(dc.p, s);
+  attn.run(dc.p, s);
+  attn.run(dc.p, s);  // a second layer reusing the plan
+  DSV4_CUDA_OK(cudaStreamEndCapture(s, &graph));
+  DSV4_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 3; ++rep) {
+    dc.poison(s);
+    DSV4_CUDA_OK(cudaGraphLaunch(exec, s));
+    DSV4_CUDA_OK(cudaStreamSynchronize(s));
+    dc.download(out, lse);
+    EXPECT_EQ(std::memcmp(out.data(), eager_out.data(), out.size() * 2), 0) << "replay " << rep;
+    EXPECT_EQ(std::memcmp(lse.data(), eager_lse.data(), lse.size() * 4), 0) << "replay " << rep;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  const CompareStats st = compare(reference(hc.params()), out, lse, 8, 128);
+  EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
+}
+
+TEST_F(SparseAttentionCudaTest, RepeatedRunsWithOnePlanAreBitwiseEqual) {
+  // Many split units merged by different CTAs each call: any race or
+  // order dependence in the merge would show as a difference.
+  const HostCase hc = make_case({.tokens = 3, .heads = 64, .extra_width = 8192, .extra_page = 2, .seed = 31});
+  DeviceCase dc(hc);
+  SparseAttentionCuda attn({3, 64, 1});
+  attn.plan(dc.p, nullptr);
+  std::vector<uint16_t> first_out, out;
+  std::vector<float> first_lse, lse;
+  for (int rep = 0; rep < 20; ++rep) {
+    dc.poison();
+    attn.run(dc.p, nullptr);
+    DSV4_CUDA_OK(cudaDeviceSynchronize());
+    dc.download(out, lse);
+    if (rep == 0) {
+      first_out = out;
+      first_lse = lse;
+      continue;
+    }
+    ASSERT_EQ(std::memcmp(out.data(), first_out.data(), out.size() * 2), 0) << "rep " << rep;
+    ASSERT_EQ(std::memcmp(lse.data(), first_lse.data(), lse.size() * 4), 0) << "rep " << rep;
+  }
+  const CompareStats st = compare(reference(hc.params()), out, lse, 3, 64);
+  EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
+}
+
+TEST_F(SparseAttentionCudaTest, PlanSlotsAreIndependent) {
+  const HostCase a = make_case({.tokens = 5, .heads = 64, .extra_width = 1024, .extra_page = 2, .seed = 40});
+  const HostCase b = make_case({.tokens = 5, .heads = 64, .extra_width = 1024, .extra_page = 2, .seed = 41});
+  DeviceCase da(a), db(b);
+  SparseAttentionCuda attn({5, 64, 2});
+  attn.plan(da.p, nullptr, 0);
+  attn.plan(db.p, nullptr, 1);
+  for (int rep = 0; rep < 2; ++rep) {
+    da.poison();
+    db.poison();
+    attn.run(da.p, nullptr, 0);
+    attn.run(db.p, nullptr, 1);
+  }
+  DSV4_CUDA_OK(cudaDeviceSynchronize());
+  for (const auto* c : {&a, &b}) {
+    std::vector<uint16_t> out;
+    std::vector<float> lse;
+    (c == &a ? da : db).download(out, lse);
+    const CompareStats st = compare(reference(c->params()), out, lse, 5, 64);
+    EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
+  }
+}
+
+TEST_F(SparseAttentionCudaTest, NanCodeInAnAttendedEntryGivesNan) {
+  // e4m3 0x7f is NaN; the CPU decode gives NaN, so must the GPU. Only the
+  // token that attends the entry is affected.
+  HostCase hc = make_case({.tokens = 4, .heads = 64, .ragged = false, .hole_rate = 0, .oor_rate = 0, .seed = 50});
+  const int32_t slot = hc.swa_idx[size_t(2) * 128 + 5];  // token 2, position 5
+  for (int t = 0; t < 4; ++t)
+    for (int i = 0; i < 128; ++i)
+      if (t != 2 && hc.swa_idx[size_t(t) * 128 + i] == slot) hc.swa_idx[size_t(t) * 128 + i] = -1;
+  uint8_t* page = hc.swa.bytes.data() + size_t(slot / 64) * hc.swa.stride();
+  page[fp8_ds_mla_data_offset(slot % 64) + 100] = 0x7f;
+  DeviceCase dc(hc);
+  SparseAttentionCuda attn({4, 64, 1});
+  dc.poison();
+  attn.plan(dc.p, nullptr);
+  attn.run(dc.p, nullptr);
+  DSV4_CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+  dc.download(out, lse);
+  const Reference ref = reference(hc.params());
+  for (int h = 0; h < 64; ++h) {
+    EXPECT_TRUE(std::isnan(ref.out[(size_t(2) * 64 + h) * 512]));
+    EXPECT_TRUE(std::isnan(bf16_to_float(out[(size_t(2) * 64 + h) * 512]))) << "head " << h;
+  }
+  for (int t : {0, 1, 3}) {
+    for (int h = 0; h < 64; ++h)
+      for (int d = 0; d < 512; ++d) ASSERT_FALSE(std::isnan(bf16_to_float(out[(size_t(t) * 64 + h) * 512 + d])));
+  }
+}
+
+TEST_F(SparseAttentionCudaTest, ZeroTokensIsANoOp) {
+  SparseAttentionCuda attn({4, 64, 1});
+  SparseAttentionParams p;
+  attn.plan(p, nullptr);
+  attn.run(p, nullptr);
+  DSV4_CUDA_OK(cudaDeviceSynchronize());
+}
+
+TEST_F(SparseAttentionCudaTest, BadCallsThrowBeforeLaunching) {
+  const HostCase hc = make_case({.tokens = 4, .heads = 64, .seed = 60});
+  DeviceCase dc(hc);
+  SparseAttentionCuda attn({4, 64, 1});
+  EXPECT_THROW(attn.run(dc.p, nullptr), Error);  // no plan yet
+  SparseAttentionParams p = dc.p;
+  p.num_heads = 128;  // above max_heads
+  EXPECT_THROW(attn.plan(p, nullptr), Error);
+  p = dc.p;
+  p.num_tokens = 5;  // above max_tokens
+  EXPECT_THROW(attn.plan(p, nullptr), Error);
+  p = dc.p;
+  p.swa_cache.page_stride = 100;
+  EXPECT_THROW(attn.plan(p, nullptr), Error);
+  p = dc.p;
+  p.softmax_scale = 0.0f;
+  EXPECT_THROW(attn.plan(p, nullptr), Error);
+  p = dc.p;
+  p.q = reinterpret_cast<const uint16_t*>(reinterpret_cast<uintptr_t>(dc.p.q) + 2);  // misaligned
+  EXPECT_THROW(attn.plan(p, nullptr), Error);
+  attn.plan(dc.p, nullptr);
+  p = dc.p;
+  p.num_tokens = 3;  // plan was built for 4
+  EXPECT_THROW(attn.run(p, nullptr), Error);
+  EXPECT_THROW(attn.run(dc.p, nullptr, 1), Error);  // no such slot
+  attn.run(dc.p, nullptr);
+  DSV4_CUDA_OK(cudaDeviceSynchronize());
+}
+
+}  // namespace
+}  // namespace dsv4::test
