@@ -83,3 +83,23 @@ TEST(Engine, WeightsForTheWrongLayerTypeAreRejected) {
   for (int l = 0; l < 3; ++l) w.push_back(random_layer_weights(c, l == 1 ? 2 : l, 1, true));
   EXPECT_THROW(Engine(c, std::move(w), EngineOptions{}), std::runtime_error);
 }
+
+TEST(Engine, RecycledPagesLeakNothingFromAnEarlierRequest) {
+  // SPEC §9: a prompt shorter than one block must not see stale compressor
+  // state. Request 2 runs on pages request 1 filled and gave back, and must
+  // produce what it produces on a fresh engine.
+  const CacheCapacity cap = CacheCapacity::for_workload(1, 600, 600);
+  Harness fresh(cap), reused(cap);
+  std::vector<RunError> errors;
+  reused.engine->open_request(1);
+  reused.step({{1, 0, 520}}, errors);
+  reused.step({{1, 520, 1}}, errors);
+  reused.engine->close_request(1);
+  fresh.engine->open_request(2);
+  reused.engine->open_request(2);
+  for (const dsv4::Run run : {dsv4::Run{2, 0, 3}, dsv4::Run{2, 3, 1}, dsv4::Run{2, 4, 1}, dsv4::Run{2, 5, 130}}) {
+    const auto a = fresh.step({run}, errors), b = reused.step({run}, errors);
+    ASSERT_TRUE(errors.empty());
+    EXPECT_EQ(a, b) << "run at " << run.start_pos;
+  }
+}
