@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "support/temp_dir.h"
 
 namespace dsv4 {
 namespace {
@@ -24,23 +25,7 @@ using Bytes = std::vector<uint8_t>;
 
 const fs::path kGolden = fs::path(DSV4_GOLDEN_DIR) / "mini.weights.safetensors";
 
-// A fresh directory under the system temp dir, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() / ("dsv4_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) +
-                                         "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using dsv4::test::TempDir;
 
 Bytes read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -17,6 +17,7 @@
 #include "numerics/bf16.h"
 #include "numerics/e4m3.h"
 #include "numerics/ue8m0.h"
+#include "support/temp_dir.h"
 
 namespace dsv4 {
 namespace {
@@ -26,21 +27,7 @@ namespace fs = std::filesystem;
 const fs::path kMini = fs::path(DSV4_GOLDEN_DIR) / "mini.weights.safetensors";
 const fs::path kMiniFp8 = fs::path(DSV4_GOLDEN_DIR) / "mini-fp8.weights.safetensors";
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() / ("dsv4_w_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) +
-                                         "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-};
+using dsv4::test::TempDir;
 
 std::string error_of(const std::function<void()>& f) {
   try {

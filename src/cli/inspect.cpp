@@ -2,7 +2,6 @@
 // type, and the cache bytes per token (SPEC §2, §3, §6).
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <map>
 #include <optional>
@@ -36,13 +35,7 @@ std::optional<ModelConfig> golden_case_config(const fs::path& file) {
     return std::nullopt;
   const fs::path json = file.parent_path() / (name.substr(0, name.size() - suffix.size()) + ".json");
   if (!fs::exists(json)) return std::nullopt;
-  std::ifstream in(json);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(json.string() + ": invalid JSON: " + e.what());
-  }
+  const nlohmann::json j = read_json_file(json);
   require(j.contains("config"), json.string() + ": missing field 'config'");
   return config_from_json(j.at("config"), json.string());
 }

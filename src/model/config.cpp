@@ -231,16 +231,16 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
   return c;
 }
 
-ModelConfig load_config(const std::filesystem::path& path) {
+nlohmann::json read_json_file(const std::filesystem::path& path) {
   std::ifstream in(path);
-  require(bool(in), "cannot open config '" + path.string() + "'");
-  nlohmann::json j;
+  require(bool(in), "cannot open '" + path.string() + "'");
   try {
-    j = nlohmann::json::parse(in);
+    return nlohmann::json::parse(in);
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(path.string() + ": invalid JSON: " + e.what());
   }
-  return config_from_json(j, path.string());
 }
+
+ModelConfig load_config(const std::filesystem::path& path) { return config_from_json(read_json_file(path), path.string()); }
 
 }  // namespace dsv4

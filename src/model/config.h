@@ -63,4 +63,7 @@ std::vector<std::string> preset_names();
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin);
 ModelConfig load_config(const std::filesystem::path& path);
 
+// Reads and parses a JSON file; throws Error naming the file when it cannot.
+nlohmann::json read_json_file(const std::filesystem::path& path);
+
 }  // namespace dsv4

@@ -1,6 +1,7 @@
 #include "numerics/quant.h"
 
 #include <cmath>
+#include <string>
 
 #include "common/error.h"
 #include "numerics/e2m1.h"
@@ -47,24 +48,29 @@ int quantize_e2m1_block(const float* x, int n, uint8_t* codes) {
   return e;
 }
 
-void fake_quant_e4m3(float* x, size_t n, int block) {
-  require(block > 0 && n % size_t(block) == 0, "fake_quant_e4m3: length not a multiple of the block");
+namespace {
+
+// Quantize-dequantize block by block with one element format's codec.
+template <typename Exponent, typename Round>
+void fake_quant(float* x, size_t n, int block, float qmax, Exponent exponent, Round round, const char* what) {
+  require(block > 0 && n % size_t(block) == 0, std::string(what) + ": length not a multiple of the block");
   for (size_t b = 0; b < n; b += size_t(block)) {
-    const int e = e4m3_block_exponent(x + b, block);
+    const int e = exponent(x + b, block);
     const float inv = std::ldexp(1.0f, -e), s = std::ldexp(1.0f, e);
-    for (int i = 0; i < block; ++i)
-      x[b + i] = e4m3_to_float(float_to_e4m3(scaled(x[b + i], inv, kE4m3Max))) * s;
+    for (int i = 0; i < block; ++i) x[b + i] = round(scaled(x[b + i], inv, qmax)) * s;
   }
 }
 
+}  // namespace
+
+void fake_quant_e4m3(float* x, size_t n, int block) {
+  fake_quant(x, n, block, kE4m3Max, e4m3_block_exponent, [](float v) { return e4m3_to_float(float_to_e4m3(v)); },
+             "fake_quant_e4m3");
+}
+
 void fake_quant_e2m1(float* x, size_t n, int block) {
-  require(block > 0 && n % size_t(block) == 0, "fake_quant_e2m1: length not a multiple of the block");
-  for (size_t b = 0; b < n; b += size_t(block)) {
-    const int e = e2m1_block_exponent(x + b, block);
-    const float inv = std::ldexp(1.0f, -e), s = std::ldexp(1.0f, e);
-    for (int i = 0; i < block; ++i)
-      x[b + i] = e2m1_to_float(float_to_e2m1(scaled(x[b + i], inv, kE2m1Max))) * s;
-  }
+  fake_quant(x, n, block, kE2m1Max, e2m1_block_exponent, [](float v) { return e2m1_to_float(float_to_e2m1(v)); },
+             "fake_quant_e2m1");
 }
 
 }  // namespace dsv4

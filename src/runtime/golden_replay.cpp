@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstring>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <set>
@@ -20,14 +19,7 @@ namespace dsv4 {
 
 GoldenCase load_golden_case(const std::filesystem::path& dir, const std::string& name) {
   const auto path = dir / (name + ".json");
-  std::ifstream in(path);
-  require(bool(in), "cannot open golden case '" + path.string() + "'");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(path.string() + ": invalid JSON: " + e.what());
-  }
+  const nlohmann::json j = read_json_file(path);
   require(j.contains("config") && j.contains("requests"), path.string() + ": needs 'config' and 'requests'");
   GoldenCase gc{name, dir, config_from_json(j.at("config"), path.string()), {}};
   for (const auto& req : j.at("requests")) {

@@ -110,6 +110,8 @@ struct SparseAttentionCuda::Impl {
     a.partial_o = partial_o;
     a.partial_ml = partial_ml;
     a.grid = grid;
+    a.debug_clock = cuda::attention_debug().clock;
+    a.debug_flags = cuda::attention_debug().flags;
     return a;
   }
 };

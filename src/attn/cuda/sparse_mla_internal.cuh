@@ -65,6 +65,19 @@ struct AttnParams {
   float* partial_o;         // [grid][2][64][512] unnormalised fp32 outputs
   float2* partial_ml;       // [grid][2][64] {running max (log2 units), sum of exp2}
   int grid;
+  // Diagnostics for the benchmark only (null / 0 in normal use): per-CTA
+  // %globaltimer stamps [grid][8] and switches that remove parts of the work.
+  unsigned long long* debug_clock;
+  int debug_flags;  // kDebug* below
+};
+
+inline constexpr int kDebugNoLoads = 1;    // producers skip the global loads
+inline constexpr int kDebugNoCompute = 2;  // consumers skip Q K^T, softmax and P V
+inline constexpr int kDebugNoStore = 4;    // producers skip dequantization and stores
+
+struct AttentionDebug {
+  unsigned long long* clock = nullptr;
+  int flags = 0;
 };
 
 // Bytes of dynamic shared memory the attention kernel needs.
@@ -77,5 +90,7 @@ void launch_attention(const AttnParams& p, cudaStream_t stream);
 // dims between warp pairs; 1 gives each warp all 512 dims. A process-wide
 // knob for the benchmark, which times both.
 int& attention_variant();
+// Process-wide diagnostics copied into every launch (benchmark only).
+AttentionDebug& attention_debug();
 
 }  // namespace dsv4::cuda

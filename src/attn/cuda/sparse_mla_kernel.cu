@@ -58,6 +58,10 @@ struct MergeSlot {  // in shared memory, one per partial slot
   int pad;
 };
 
+__device__ __forceinline__ void stamp(const AttnParams& p, int k) {
+  if (p.debug_clock != nullptr) p.debug_clock[blockIdx.x * 8 + k] = global_timer_ns();
+}
+
 // Walks the units of a CTA range in order; the next unit's record is loaded
 // one unit ahead.
 struct UnitWalker {
@@ -213,21 +217,26 @@ __device__ __forceinline__ void producer(const AttnParams& p, uint8_t* smem, int
   UnitWalker w;
   w.start(p.plan.unit_info, u0);
   ProducerState st;
+  const bool loads = !(p.debug_flags & kDebugNoLoads), stores = !(p.debug_flags & kDebugNoStore);
+  if (!loads) st = ProducerState{};
   resolve(p, fetch_ref(p, w, a, e), st);
-  issue_loads(st, half);
+  if (loads) issue_loads(st, half);
+  if (ptid == 0) stamp(p, 5);
   EntryRef next{-1, -1};
   if (n > 1) next = fetch_ref(p, w, a + 1, e);
   for (int s = 0; s < n; ++s) {
     const int buf = s & 1;
     if (s >= 2) bar_sync(kBarEmpty + buf, kAttnThreads);
-    store_tile(st, smem + kOffK + buf * kKBytes, smem + kOffMask + buf * kTileEntries, e, half);
+    if (stores) store_tile(st, smem + kOffK + buf * kKBytes, smem + kOffMask + buf * kTileEntries, e, half);
+    if (s == 0 && ptid == 0) stamp(p, 6);
     bar_arrive(kBarFull + buf, kAttnThreads);
     if (s + 1 < n) {  // loads of the next tile fly while we wait for its buffer
       resolve(p, next, st);
-      issue_loads(st, half);
+      if (loads) issue_loads(st, half);
       if (s + 2 < n) next = fetch_ref(p, w, a + s + 2, e);
     }
   }
+  if (ptid == 0) stamp(p, 7);
 }
 
 // ----------------------------------------------------------------------------
@@ -288,17 +297,25 @@ __device__ void consumer(const AttnParams& p, uint8_t* smem, int a, int b, int u
   // are addressed so that row & 7 == lane & 7, and lanes 16..31 take the
   // second 16-byte chunk of each k16 step (logical chunk 2 jj + lane / 16 of a
   // group of 8 chunks).
-  uint32_t off[4];
+  uint32_t off[4], off_k[4];
 #pragma unroll
-  for (int jj = 0; jj < 4; ++jj) off[jj] = uint32_t(((2 * jj) | (lane >> 4)) ^ (lane & 7)) << 4;
-  // Row of this lane inside a 16-row block: A operands (Q, P) use lane & 15;
-  // B operands (K, V) use (lane & 7) + 8 * ((lane >> 3) & 1), so the four
-  // 8x8 matrices of an x4 load are (rows 0-7, chunk 0), (8-15, 0), (0-7, 1),
-  // (8-15, 1).
+  for (int jj = 0; jj < 4; ++jj) {
+    off[jj] = uint32_t(((2 * jj) | (lane >> 4)) ^ (lane & 7)) << 4;
+    off_k[jj] = uint32_t(((2 * jj) | ((lane >> 3) & 1)) ^ (lane & 7)) << 4;
+  }
+  // Row of this lane inside a 16-row block. A operands (Q, P) use lane & 15
+  // with chunk lane / 16: the x4 matrices are (rows 0-7, chunk 0), (8-15, 0),
+  // (0-7, 1), (8-15, 1) = a0..a3. V (ldmatrix.trans) uses the same matrix
+  // order with rows brow = (lane & 7) + 8 ((lane >> 3) & 1), giving
+  // {b0, b1} of n8 tile 0 then of tile 1. K for Q K^T (no .trans) uses rows
+  // krow = (lane & 7) + 8 (lane / 16) and chunk (lane / 8) & 1, i.e. matrices
+  // (rows 0-7, chunk 0), (0-7, 1), (8-15, 0), (8-15, 1): again {b0, b1} of
+  // n8 tile 0 then tile 1, so each MMA takes an adjacent register pair.
   const int brow = (lane & 7) + (((lane >> 3) & 1) << 3);
+  const int krow = (lane & 7) + ((lane >> 4) << 3);
   const uint32_t qk_a = kSplitK ? sbase + kOffQ + (32 * hbk + (lane & 15)) * kRowBytes + kh * 512
                                 : sbase + kOffQ + (16 * rb4 + (lane & 15)) * kRowBytes;
-  const uint32_t qk_b = kOffK + (32 * eb + brow) * kRowBytes + (kSplitK ? kh * 512 : 0);
+  const uint32_t qk_b = kOffK + (32 * eb + krow) * kRowBytes + (kSplitK ? kh * 512 : 0);
   const uint32_t pv_a = sbase + kOffP + (lane & 15) * 128;
   const uint32_t pv_b = kOffK + brow * kRowBytes + cw * 128;
 
@@ -325,6 +342,7 @@ __device__ void consumer(const AttnParams& p, uint8_t* smem, int a, int b, int u
     if (unit_first) {
       cp_async_wait_all();
       consumer_sync();  // Q of this unit visible to all warps
+      if (s == 0 && tid == 0) stamp(p, 1);
 #pragma unroll
       for (int rb = 0; rb < 4; ++rb)
 #pragma unroll
@@ -335,10 +353,12 @@ __device__ void consumer(const AttnParams& p, uint8_t* smem, int a, int b, int u
       l_run[0] = l_run[1] = 0.0f;
     }
     bar_sync(kBarFull + buf, kAttnThreads);
+    if (s == 0 && tid == 0) stamp(p, 2);
+    if (p.debug_flags & kDebugNoCompute) {
+      if (s + 2 < n) bar_arrive(kBarEmpty + buf, kAttnThreads);
+    } else {
 
     // ---- S = Q K^T -----------------------------------------------------------
-    // Without ldmatrix.trans an x4 load of K gives, per the matrix order above,
-    // {b0 of n8 tile 0, b0 of tile 1, b1 of tile 0, b1 of tile 1}.
     const uint32_t kb = sbase + qk_b + buf * kKBytes;
     float s_[4][4];
     if constexpr (kSplitK) {
@@ -356,17 +376,17 @@ __device__ void consumer(const AttnParams& p, uint8_t* smem, int a, int b, int u
         for (int jj = 0; jj < 4; ++jj) {
           uint32_t a0[4], a1[4], b0[4], b1[4];
           ldsm_x4(qk_a + col + off[jj], a0);
-          ldsm_x4(kb + col + off[jj], b0);
-          ldsm_x4(kb + 16 * kRowBytes + col + off[jj], b1);
+          ldsm_x4(kb + col + off_k[jj], b0);
+          ldsm_x4(kb + 16 * kRowBytes + col + off_k[jj], b1);
           ldsm_x4(qk_a + 16 * kRowBytes + col + off[jj], a1);
-          mma_bf16(sacc[0][0], a0, b0[0], b0[2]);
-          mma_bf16(sacc[0][1], a0, b0[1], b0[3]);
-          mma_bf16(sacc[0][2], a0, b1[0], b1[2]);
-          mma_bf16(sacc[0][3], a0, b1[1], b1[3]);
-          mma_bf16(sacc[1][0], a1, b0[0], b0[2]);
-          mma_bf16(sacc[1][1], a1, b0[1], b0[3]);
-          mma_bf16(sacc[1][2], a1, b1[0], b1[2]);
-          mma_bf16(sacc[1][3], a1, b1[1], b1[3]);
+          mma_bf16(sacc[0][0], a0, b0[0], b0[1]);
+          mma_bf16(sacc[0][1], a0, b0[2], b0[3]);
+          mma_bf16(sacc[0][2], a0, b1[0], b1[1]);
+          mma_bf16(sacc[0][3], a0, b1[2], b1[3]);
+          mma_bf16(sacc[1][0], a1, b0[0], b0[1]);
+          mma_bf16(sacc[1][1], a1, b0[2], b0[3]);
+          mma_bf16(sacc[1][2], a1, b1[0], b1[1]);
+          mma_bf16(sacc[1][3], a1, b1[2], b1[3]);
         }
       }
       // Swap halves: warp kh keeps row block kh and sends the other one to
@@ -410,12 +430,12 @@ __device__ void consumer(const AttnParams& p, uint8_t* smem, int a, int b, int u
         for (int jj = 0; jj < 4; ++jj) {
           uint32_t a0[4], b0[4], b1[4];
           ldsm_x4(qk_a + col + off[jj], a0);
-          ldsm_x4(kb + col + off[jj], b0);
-          ldsm_x4(kb + 16 * kRowBytes + col + off[jj], b1);
-          mma_bf16(s_[0], a0, b0[0], b0[2]);
-          mma_bf16(s_[1], a0, b0[1], b0[3]);
-          mma_bf16(s_[2], a0, b1[0], b1[2]);
-          mma_bf16(s_[3], a0, b1[1], b1[3]);
+          ldsm_x4(kb + col + off_k[jj], b0);
+          ldsm_x4(kb + 16 * kRowBytes + col + off_k[jj], b1);
+          mma_bf16(s_[0], a0, b0[0], b0[1]);
+          mma_bf16(s_[1], a0, b0[2], b0[3]);
+          mma_bf16(s_[2], a0, b1[0], b1[1]);
+          mma_bf16(s_[3], a0, b1[2], b1[3]);
         }
       }
     }
@@ -512,6 +532,7 @@ __device__ void consumer(const AttnParams& p, uint8_t* smem, int a, int b, int u
       }
       if (s + 2 < n) bar_arrive(kBarEmpty + buf, kAttnThreads);
     }
+    }  // debug: kDebugNoCompute
 
     if (!unit_last) continue;
     // ---- end of this CTA's part of the unit --------------------------------
@@ -570,9 +591,12 @@ __device__ void consumer(const AttnParams& p, uint8_t* smem, int a, int b, int u
         }
       }
       if (!whole) {
-        __threadfence();  // partials visible device-wide before the arrival below
+        // All partial stores precede the barrier; thread 0's fence then
+        // publishes them (cumulatively) before the arrival, the pattern of
+        // cooperative groups' grid sync.
         consumer_sync();
         if (tid == 0) {
+          __threadfence();
           const int per = __ldg(&p.plan.cta_work[cta]).w;
           const int start = w.begin(), end = w.end();
           const int c_first = start / per, n_part = (end - 1) / per - c_first + 1;
@@ -605,7 +629,11 @@ __device__ __noinline__ void merge_share(const AttnParams& p, uint8_t* smem, int
   const int lo = k * n4 / n_part, hi = (k + 1) * n4 / n_part;
   if (lo >= hi) return;
   const int h_lo = lo >> 7, nh = ((hi - 1) >> 7) - h_lo + 1;
-  float* mm = reinterpret_cast<float*>(smem + kOffK);  // K buffers are free by now
+  // Scratch (Q, K, P and Sx are all free by now): one weighted float4 per
+  // (row chunk, partial) pair, then m, l and the weights per (head, partial).
+  const int items = hi - lo, pairs = items * n_part;
+  float4* pair_buf = reinterpret_cast<float4*>(smem);
+  float* mm = reinterpret_cast<float*>(pair_buf + pairs);
   float* ll = mm + nh * n_part;
   float* wt = ll + nh * n_part;
   auto partial_index = [&](int i) { return (c_first + i) * 2 + (i == 0 ? first_slot : 0); };
@@ -636,32 +664,43 @@ __device__ __noinline__ void merge_share(const AttnParams& p, uint8_t* smem, int
       p.lse[int64_t(t) * p.num_heads + hb * kHeadBlock + h] = l > 0.0f ? m * kLn2 + logf(l) : -INFINITY;
   }
   consumer_sync();
-  for (int f = lo + tid; f < hi; f += kConsumerThreads) {
-    const int h = f >> 7, d4 = f & 127;
-    const float* wh = wt + (h - h_lo) * n_part;
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-    int i = 0;
-    for (; i + 4 <= n_part; i += 4) {
-      float4 v[4];
+  // Gather: 8 independent L2 loads in flight per thread (the partials were
+  // written by other SMs: .cg loads, never a stale L1 line).
+  constexpr int kBatch = 8;
+  for (int p0 = tid; p0 < pairs; p0 += kBatch * kConsumerThreads) {
+    float4 v[kBatch];
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        v[q] = __ldcg(reinterpret_cast<const float4*>(p.partial_o + (int64_t(partial_index(i + q)) * 64 + h) * 512) + d4);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        o.x += wh[i + q] * v[q].x;
-        o.y += wh[i + q] * v[q].y;
-        o.z += wh[i + q] * v[q].z;
-        o.w += wh[i + q] * v[q].w;
+    for (int q = 0; q < kBatch; ++q) {
+      const int pi = p0 + q * kConsumerThreads;
+      if (pi < pairs) {
+        const int j = pi / n_part, i = pi - j * n_part;
+        const int f = lo + j;
+        v[q] = __ldcg(reinterpret_cast<const float4*>(p.partial_o + (int64_t(partial_index(i)) * 64 + (f >> 7)) * 512) + (f & 127));
       }
     }
-    for (; i < n_part; ++i) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial_o + (int64_t(partial_index(i)) * 64 + h) * 512) + d4);
-      o.x += wh[i] * v.x;
-      o.y += wh[i] * v.y;
-      o.z += wh[i] * v.z;
-      o.w += wh[i] * v.w;
+#pragma unroll
+    for (int q = 0; q < kBatch; ++q) {
+      const int pi = p0 + q * kConsumerThreads;
+      if (pi < pairs) {
+        const int j = pi / n_part, i = pi - j * n_part;
+        const float w = wt[(((lo + j) >> 7) - h_lo) * n_part + i];
+        pair_buf[pi] = make_float4(w * v[q].x, w * v[q].y, w * v[q].z, w * v[q].w);
+      }
     }
-    uint16_t* dst = p.out + (int64_t(t) * p.num_heads + hb * kHeadBlock + h) * 512 + 4 * d4;
+  }
+  consumer_sync();
+  // Sum over partials in a fixed order (results do not depend on who merges).
+  for (int j = tid; j < items; j += kConsumerThreads) {
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = 0; i < n_part; ++i) {
+      const float4 v = pair_buf[j * n_part + i];
+      o.x += v.x;
+      o.y += v.y;
+      o.z += v.z;
+      o.w += v.w;
+    }
+    const int f = lo + j;
+    uint16_t* dst = p.out + (int64_t(t) * p.num_heads + hb * kHeadBlock + (f >> 7)) * 512 + 4 * (f & 127);
     *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16(o.x, o.y), pack_bf16(o.z, o.w));
   }
   consumer_sync();  // scratch reuse by the next share
@@ -721,6 +760,7 @@ __global__ void __launch_bounds__(kAttnThreads, 1) sparse_mla_kernel(const __gri
   extern __shared__ __align__(1024) uint8_t smem[];
   const int4 work = __ldg(p.plan.cta_work + blockIdx.x);  // {first tile, end tile, first unit, per}
   if (work.x >= work.y) return;
+  if (threadIdx.x == 0) stamp(p, 0);
   if (threadIdx.x < 2) {
     MergeSlot* merge = reinterpret_cast<MergeSlot*>(smem + kOffMisc);
     merge[threadIdx.x].unit = -1;
@@ -735,13 +775,20 @@ __global__ void __launch_bounds__(kAttnThreads, 1) sparse_mla_kernel(const __gri
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
     consumer<kSplitK>(p, smem, work.x, work.y, work.z);
     consumer_sync();
+    if (threadIdx.x == 0) stamp(p, 3);
     merge_phase(p, smem, work.w);
+    if (threadIdx.x == 0) stamp(p, 4);
   }
 }
 
 }  // namespace
 
 size_t attention_smem_bytes() { return kSmemBytes; }
+
+AttentionDebug& attention_debug() {
+  static AttentionDebug d;
+  return d;
+}
 
 int& attention_variant() {
   static int v = 0;
