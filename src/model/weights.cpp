@@ -452,13 +452,29 @@ float WeightMatrix::at(int64_t r, int64_t c) const {
   }
 }
 
-std::vector<float> WeightMatrix::dequantize() const {
+void WeightMatrix::dequantize_rows(int64_t r0, int64_t n, float* out) const {
   require(dtype == DType::kF8E4M3 || dtype == DType::kBF16 || dtype == DType::kF32,
           name + ": matrices are F8_E4M3, BF16 or F32, not " + std::string(dtype_name(dtype)));
+  require(r0 >= 0 && n >= 0 && r0 + n <= rows, name + ": rows out of range");
+  // One loop per dtype (no per-element switch), so the row loops vectorize.
+#pragma omp parallel for schedule(static) if (n * cols > (1 << 16))
+  for (int64_t r = r0; r < r0 + n; ++r) {
+    float* o = out + (r - r0) * cols;
+    const uint8_t* src = data.data() + size_t(r * cols) * dtype_size(dtype);
+    if (dtype == DType::kF8E4M3) {
+      const float* scales = block_scales.data() + size_t((r / kBlock) * scale_cols());
+      for (int64_t c = 0; c < cols; ++c) o[c] = e4m3_to_float(src[c]) * scales[c / kBlock];
+    } else if (dtype == DType::kBF16) {
+      for (int64_t c = 0; c < cols; ++c) o[c] = bf16_to_float(uint16_t(src[2 * c] | (src[2 * c + 1] << 8)));
+    } else {
+      std::memcpy(o, src, size_t(cols) * sizeof(float));
+    }
+  }
+}
+
+std::vector<float> WeightMatrix::dequantize() const {
   std::vector<float> out(size_t(rows * cols));
-#pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) out[size_t(r * cols + c)] = at(r, c);
+  dequantize_rows(0, rows, out.data());
   return out;
 }
 

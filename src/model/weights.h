@@ -55,6 +55,8 @@ struct WeightMatrix {
   int64_t scale_cols() const { return (cols + 127) / 128; }
   // Element (r, c) as float: fp8 * its block scale, or the bf16/f32 value.
   float at(int64_t r, int64_t c) const;
+  // Rows [r0, r0 + n), row-major, as float, into out[n * cols].
+  void dequantize_rows(int64_t r0, int64_t n, float* out) const;
   // All elements, row-major, as float.
   std::vector<float> dequantize() const;
 };

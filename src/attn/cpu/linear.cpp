@@ -16,11 +16,8 @@ Linear::Linear(const WeightMatrix* w, LinearMode mode, bool cache_weights, int64
   // as the reference does for non-FP8 weights.
   if (mode_ == LinearMode::kFp8 && !w->is_fp8()) mode_ = LinearMode::kBf16;
   if (!cache_weights) return;
-  const int64_t k = w->cols;
-  dense_.resize(size_t(rows_ * k));
-#pragma omp parallel for
-  for (int64_t r = 0; r < rows_; ++r)
-    for (int64_t c = 0; c < k; ++c) dense_[size_t(r * k + c)] = w->at(row0_ + r, c);
+  dense_.resize(size_t(rows_ * w->cols));
+  w->dequantize_rows(row0_, rows_, dense_.data());
 }
 
 void Linear::gemm(const float* x, int ldx, int tokens, float* y, int ldy) const {
@@ -36,9 +33,7 @@ void Linear::gemm(const float* x, int ldx, int tokens, float* y, int ldy) const 
   std::vector<float> panel(size_t(kPanel * k));
   for (int64_t r0 = 0; r0 < n; r0 += kPanel) {
     const int64_t rows = std::min(kPanel, n - r0);
-#pragma omp parallel for
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < k; ++c) panel[size_t(r * k + c)] = w_->at(row0_ + r0 + r, c);
+    w_->dequantize_rows(row0_ + r0, rows, panel.data());
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tokens, int(rows), int(k), 1.0f, x, ldx, panel.data(),
                 int(k), 0.0f, y + r0, ldy);
   }
