@@ -3,6 +3,7 @@
 #include "attn/cuda/sparse_attention_cuda.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -127,7 +128,7 @@ SparseAttentionCuda::SparseAttentionCuda(const SparseAttentionCudaLimits& limits
     const int per_sm = cuda::prepare_attention_kernel();
     if (per_sm < 0) cuda_check(cudaError_t(-per_sm), "preparing the attention kernel");
     require(per_sm > 0, "sparse attention (cuda): the attention kernel does not fit on this device");
-    impl_->grid = sms * per_sm;  // one wave: all CTAs resident together
+    impl_->grid = std::min(sms * per_sm, cuda::kMaxGrid);  // one wave: all CTAs resident together
     const int g = impl_->grid;
     impl_->partial_o = impl_->alloc<float>(size_t(g) * 2 * cuda::kHeadBlock * 512);
     impl_->partial_ml = impl_->alloc<float2>(size_t(g) * 2 * cuda::kHeadBlock);

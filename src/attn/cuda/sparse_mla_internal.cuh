@@ -22,10 +22,9 @@ namespace dsv4::cuda {
 
 inline constexpr int kTileEntries = 64;  // entries per tile
 inline constexpr int kHeadBlock = 64;    // heads per unit
-inline constexpr int kConsumerThreads = 256;
-inline constexpr int kProducerThreads = 128;
-inline constexpr int kAttnThreads = kConsumerThreads + kProducerThreads;
+inline constexpr int kAttnThreads = 256;  // 8 warps per CTA, one CTA per SM
 inline constexpr int kPlanThreads = 1024;
+inline constexpr int kMaxGrid = 1024;  // CTAs of the attention kernel the plan can address
 
 struct CacheView {
   const uint8_t* base;
@@ -71,9 +70,9 @@ struct AttnParams {
   int debug_flags;  // kDebug* below
 };
 
-inline constexpr int kDebugNoLoads = 1;    // producers skip the global loads
-inline constexpr int kDebugNoCompute = 2;  // consumers skip Q K^T, softmax and P V
-inline constexpr int kDebugNoStore = 4;    // producers skip dequantization and stores
+inline constexpr int kDebugNoLoads = 1;    // gathers read nothing (zero-filled records)
+inline constexpr int kDebugNoCompute = 2;  // skip Q K^T, softmax and P V
+inline constexpr int kDebugNoStore = 4;    // skip the dequantization into K
 
 struct AttentionDebug {
   unsigned long long* clock = nullptr;
@@ -86,11 +85,13 @@ size_t attention_smem_bytes();
 int prepare_attention_kernel();
 void launch_plan(const AttnParams& p, cudaStream_t stream);
 void launch_attention(const AttnParams& p, cudaStream_t stream);
-// Which consumer variant launch_attention uses: 0 (default) splits Q K^T over
-// dims between warp pairs; 1 gives each warp all 512 dims. A process-wide
-// knob for the benchmark, which times both.
-int& attention_variant();
 // Process-wide diagnostics copied into every launch (benchmark only).
 AttentionDebug& attention_debug();
+// Which implementation launch_attention uses: 1 (default) wgmma with the
+// gathers staged in shared memory two tiles ahead; 2 wgmma pipelined over a
+// double-buffered K with register-staged gathers; 0 mma.sync with ldmatrix.
+// All three are tested; 2 and 0 are slower today (docs/perf-notes.md). A
+// process-wide knob for tests and the benchmark.
+int& attention_variant();
 
 }  // namespace dsv4::cuda

@@ -2,6 +2,18 @@
 // device-side lengths so that a decode step needs no host round trip and can
 // be captured in a CUDA graph. Run once per step and layer type; every layer
 // of that type reuses it (SPEC §7).
+//
+// Two ways to cut the step's tiles into one contiguous range per CTA:
+//  * whole units: range boundaries only at unit boundaries, CTA c taking the
+//    units that start in [c W / G, (c + 1) W / G) (W tiles, G CTAs). No
+//    merge, but a CTA may get up to a unit more than W / G tiles.
+//  * even split: CTA c takes tiles [c per, (c + 1) per), per = ceil(W / G);
+//    units cut by a boundary are merged at the end of the kernel, which costs
+//    about kSplitPenalty tiles.
+// The plan takes whole units when their largest CTA load is within the
+// penalty of the even split: large decode batches (many units of similar
+// size) then run without any merge, small ones spread a long row over many
+// SMs.
 #include "attn/cuda/sparse_mla_internal.cuh"
 
 namespace dsv4::cuda {
@@ -19,13 +31,20 @@ __device__ __forceinline__ int unit_tiles(int swa_len, int extra_len) {
   return n > 0 ? n : 1;
 }
 
+// Partials written and read, spin and imbalance of a merge, in tiles (measured
+// cost of a merge is a few microseconds; a tile of 64 heads about 1-2).
+__device__ __forceinline__ int split_penalty(int per) { return 3 + per / 16; }
+
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ AttnParams p) {
   __shared__ int warp_sums[kPlanThreads / 32];
-  __shared__ int s_total;
+  __shared__ int s_total, s_makespan;
+  __shared__ int load[kMaxGrid];  // tiles per CTA with whole units
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int units = p.num_tokens * p.head_blocks;
   const int chunk = (units + kPlanThreads - 1) / kPlanThreads;
   const int u_begin = min(units, tid * chunk), u_end = min(units, u_begin + chunk);
+  for (int c = tid; c < p.grid; c += kPlanThreads) load[c] = 0;
+  if (tid == 0) s_makespan = 0;
 
   int sum = 0;
   for (int u = u_begin; u < u_end; ++u) {
@@ -59,22 +78,48 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
   __syncthreads();
   const int total = s_total;
   const int per = max(1, (total + p.grid - 1) / p.grid);
+  // The CTA of a unit when units stay whole: the window its first tile is in.
+  auto whole_cta = [&](int start) { return int(int64_t(start) * p.grid / total); };
 
-  // Unit records, and the record of every CTA whose range starts inside the unit.
+  // Unit records, and the load of each CTA with whole units.
   int start = offset;
   for (int u = u_begin; u < u_end; ++u) {
     const int t = u / p.head_blocks;
     const int ls = clamped_length(p.swa, t), le = clamped_length(p.extra, t);
-    const int end = start + unit_tiles(ls, le);
+    const int tiles = unit_tiles(ls, le);
     p.plan.unit_info[u] = make_int4(start, ls, le, 0);
-    for (int c = (start + per - 1) / per; c * per < end && c < p.grid; ++c)
-      p.plan.cta_work[c] = make_int4(c * per, min(c * per + per, total), u, per);
-    start = end;
+    atomicAdd(&load[whole_cta(start)], tiles);
+    start += tiles;
   }
+  __syncthreads();
+  for (int c = tid; c < p.grid; c += kPlanThreads) atomicMax(&s_makespan, load[c]);
+  __syncthreads();
+  const bool whole_units = s_makespan <= per + split_penalty(per);
+
+  // Idle CTAs first (overwritten below for CTAs that get work), counters.
   for (int c = tid; c < p.grid; c += kPlanThreads) {
-    if (int64_t(c) * per >= total) p.plan.cta_work[c] = make_int4(total, total, 0, per);  // idle CTA
+    p.plan.cta_work[c] = make_int4(total, total, 0, per);
     p.plan.arrive[2 * c] = p.plan.arrive[2 * c + 1] = 0;
     p.plan.claim[2 * c] = p.plan.claim[2 * c + 1] = 0;
+  }
+  __syncthreads();
+  start = offset;
+  for (int u = u_begin; u < u_end; ++u) {
+    const int end = start + unit_tiles(p.plan.unit_info[u].y, p.plan.unit_info[u].z);
+    if (whole_units) {
+      // The first unit of its CTA writes the CTA's record; the range ends
+      // where the next CTA's first unit starts.
+      const int c = whole_cta(start);
+      if (u == 0 || whole_cta(p.plan.unit_info[u - 1].x) != c) {
+        int next = u + 1;  // units are few per CTA: walk to the first unit of another CTA
+        while (next < units && whole_cta(p.plan.unit_info[next].x) == c) ++next;
+        p.plan.cta_work[c] = make_int4(start, next < units ? p.plan.unit_info[next].x : total, u, per);
+      }
+    } else {
+      for (int c = (start + per - 1) / per; c * per < end && c < p.grid; ++c)
+        p.plan.cta_work[c] = make_int4(c * per, min(c * per + per, total), u, per);
+    }
+    start = end;
   }
 }
 

@@ -1,0 +1,402 @@
+// Times the GPU sparse attention on the rows of SPEC §8 (decode: one query
+// token per request, window 128 + extra entries) and on one prefill chunk,
+// next to FlashMLA's times from that table and the H200 roofline.
+//
+// Every number is a median over graph replays (CUDA events around one
+// replay of a graph holding kReps back-to-back calls, divided by kReps), so
+// launch gaps inside a step's graph are counted but the graph launch itself
+// is amortised. Columns:
+//   call      one layer's call: run() = attention + fused merge (1 kernel),
+//             default kernel (wgmma, staged gathers); this is the number that
+//             compares with FlashMLA's; next to it the two other variants
+//   plan      the plan kernel alone (once per step and layer type)
+//   plan+call both, back to back (a step with a single layer of the type)
+// Data: random pages (no NaN codes, realistic scales), each request with its
+// own pages in a random order: SWA window of 128 over 3 pages; C4A (page 64)
+// top-k picked at random among 16384 compressed entries; C128A (page 2) all
+// entries in order. q random bf16, sink random.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/cuda/sparse_attention_cuda.h"
+#include "attn/cuda/sparse_mla_internal.cuh"
+#include "cache/fp8_ds_mla.h"
+
+namespace {
+
+#define CHECK(expr)                                                                                \
+  do {                                                                                             \
+    const cudaError_t e_ = (expr);                                                                 \
+    if (e_ != cudaSuccess) {                                                                       \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+constexpr int kReps = 20;
+constexpr double kPeakFlops = 790e12;  // measured bf16 dense on this H200 (KINDS.md)
+constexpr double kPeakBytes = 4.3e12;  // measured device-to-device copy
+
+__device__ uint32_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+
+// Fills every entry of a pool of fp8_ds_mla pages with plausible data.
+__global__ void fill_pages(uint8_t* base, int64_t entries, int per_page, size_t stride, uint64_t seed) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= entries) return;
+  uint8_t* page = base + size_t(i / per_page) * stride;
+  const int t = int(i % per_page);
+  uint8_t* data = page + size_t(576) * t;
+  for (int k = 0; k < 448; k += 4) {
+    uint32_t w = mix(seed ^ (uint64_t(i) << 12) ^ uint64_t(k));
+    for (int b = 0; b < 4; ++b) {
+      uint8_t c = uint8_t(w >> (8 * b));
+      if ((c & 0x7f) == 0x7f) c ^= 1;  // no NaN codes
+      data[k + b] = c;
+    }
+  }
+  for (int k = 0; k < 64; ++k) {  // bf16 in +-[0.5, 2)
+    const uint32_t r = mix(seed ^ (uint64_t(i) << 12) ^ uint64_t(1000 + k));
+    const uint16_t bits = uint16_t(((r & 1) << 15) | ((126 + ((r >> 1) & 1)) << 7) | ((r >> 2) & 0x7f));
+    data[448 + 2 * k] = uint8_t(bits);
+    data[449 + 2 * k] = uint8_t(bits >> 8);
+  }
+  uint8_t* sc = page + size_t(576) * per_page + size_t(8) * t;
+  for (int b = 0; b < 7; ++b) sc[b] = uint8_t(117 + mix(seed ^ (uint64_t(i) << 12) ^ uint64_t(2000 + b)) % 7);
+  sc[7] = 0;
+}
+
+__global__ void fill_bf16(uint16_t* q, size_t n, uint64_t seed) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const uint32_t r = mix(seed ^ i);
+  q[i] = uint16_t(((r & 1) << 15) | ((125 + ((r >> 1) % 3)) << 7) | ((r >> 3) & 0x7f));
+}
+
+__global__ void count_nan(const uint16_t* o, size_t n, unsigned long long* nans) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n && (o[i] & 0x7fff) > 0x7f80) atomicAdd(nans, 1ull);
+}
+
+struct Pool {
+  int per_page = 64;
+  int64_t pages = 0;
+  uint8_t* base = nullptr;
+  size_t stride() const { return dsv4::fp8_ds_mla_page_stride(per_page); }
+};
+
+Pool make_pool(int per_page, int64_t pages, uint64_t seed) {
+  Pool p;
+  p.per_page = per_page;
+  p.pages = pages;
+  CHECK(cudaMalloc(&p.base, size_t(pages) * p.stride()));
+  const int64_t entries = pages * per_page;
+  fill_pages<<<unsigned((entries + 255) / 256), 256>>>(p.base, entries, per_page, p.stride(), seed);
+  CHECK(cudaGetLastError());
+  return p;
+}
+
+template <typename T>
+T* upload(const std::vector<T>& v) {
+  T* d = nullptr;
+  CHECK(cudaMalloc(&d, std::max<size_t>(1, v.size() * sizeof(T))));
+  CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+struct Problem {
+  int tokens = 0, heads = 0, extra = 0, page = 0;
+  Pool swa, ext;
+  std::vector<void*> owned;
+  dsv4::SparseAttentionParams p;
+  size_t out_elems = 0;
+};
+
+// Decode: token b = request b. prefill_window: the tokens are consecutive
+// positions of one request (each with its own window and selection).
+Problem make_problem(int tokens, int heads, int extra, int page, bool prefill, uint64_t seed) {
+  Problem pr;
+  pr.tokens = tokens;
+  pr.heads = heads;
+  pr.extra = extra;
+  pr.page = page;
+  std::mt19937_64 rng(seed);
+  // SWA: decode requests own 3 pages each; a prefill chunk owns its span.
+  const int64_t swa_pages = prefill ? (tokens + 127) / 64 + 2 : 3 * int64_t(tokens);
+  pr.swa = make_pool(64, swa_pages, seed + 1);
+  std::vector<int64_t> perm(swa_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> swa_idx(size_t(tokens) * 128), swa_len(tokens, 128);
+  for (int t = 0; t < tokens; ++t) {
+    for (int i = 0; i < 128; ++i) {
+      // Request-local position of window entry i; pages of the request in perm.
+      const int64_t pos = prefill ? int64_t(t) + 128 + i - 127 : 37 + i;
+      const int64_t req_page = prefill ? pos / 64 : 3 * int64_t(t) + pos / 64;
+      swa_idx[size_t(t) * 128 + i] = int32_t(perm[size_t(req_page)] * 64 + pos % 64);
+    }
+  }
+  std::vector<int32_t> ext_idx, ext_len;
+  if (extra > 0) {
+    // C4A (page 64): 16384 compressed entries per request, top-k at random.
+    // C128A (page 2): the request's `extra` entries, all in order.
+    const int64_t per_req = page == 64 ? 16384 : extra;
+    const int requests = prefill ? 1 : tokens;
+    const int64_t pages = requests * (per_req / page);
+    pr.ext = make_pool(page, pages, seed + 2);
+    std::vector<int64_t> pp(pages);
+    std::iota(pp.begin(), pp.end(), 0);
+    std::shuffle(pp.begin(), pp.end(), rng);
+    ext_idx.resize(size_t(tokens) * extra);
+    ext_len.assign(tokens, extra);
+    std::vector<int32_t> pick(per_req);
+    for (int t = 0; t < tokens; ++t) {
+      const int r = prefill ? 0 : t;
+      std::iota(pick.begin(), pick.end(), 0);
+      if (page == 64)
+        for (int i = 0; i < extra; ++i) std::swap(pick[i], pick[i + rng() % (per_req - i)]);
+      for (int i = 0; i < extra; ++i) {
+        const int64_t e = pick[i];
+        ext_idx[size_t(t) * extra + i] = int32_t(pp[size_t(r * (per_req / page) + e / page)] * page + e % page);
+      }
+    }
+  }
+  auto own = [&](auto* ptr) {
+    pr.owned.push_back(const_cast<void*>(static_cast<const void*>(ptr)));
+    return ptr;
+  };
+  dsv4::SparseAttentionParams& p = pr.p;
+  p.num_tokens = tokens;
+  p.num_heads = heads;
+  pr.out_elems = size_t(tokens) * heads * 512;
+  uint16_t* q = nullptr;
+  CHECK(cudaMalloc(&q, pr.out_elems * 2));
+  fill_bf16<<<unsigned((pr.out_elems + 255) / 256), 256>>>(q, pr.out_elems, seed + 3);
+  p.q = own(q);
+  std::vector<float> sink(heads);
+  for (auto& s : sink) s = float(int(rng() % 200) - 100) / 50.0f;
+  p.attn_sink = own(upload(sink));
+  p.swa_cache = dsv4::KvPages{pr.swa.base, pr.swa.pages, 64, pr.swa.stride()};
+  p.swa = dsv4::IndexList{own(upload(swa_idx)), own(upload(swa_len)), 128};
+  if (extra > 0) {
+    p.extra_cache = dsv4::KvPages{pr.ext.base, pr.ext.pages, page, pr.ext.stride()};
+    p.extra = dsv4::IndexList{own(upload(ext_idx)), own(upload(ext_len)), extra};
+  }
+  p.softmax_scale = 1.0f / std::sqrt(512.0f);
+  uint16_t* out = nullptr;
+  float* lse = nullptr;
+  CHECK(cudaMalloc(&out, pr.out_elems * 2));
+  CHECK(cudaMalloc(&lse, size_t(tokens) * heads * 4));
+  p.out = own(out);
+  p.lse = own(lse);
+  CHECK(cudaDeviceSynchronize());
+  return pr;
+}
+
+void free_problem(Problem& pr) {
+  for (void* d : pr.owned) cudaFree(d);
+  cudaFree(pr.swa.base);
+  if (pr.ext.base) cudaFree(pr.ext.base);
+}
+
+// Median time of one call (µs) of `body`, captured kReps times in a graph.
+template <typename F>
+double time_graph(cudaStream_t s, F body, int replays = 30) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < kReps; ++i) body();
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(ge, s));
+  std::vector<double> t;
+  for (int i = 0; i < replays; ++i) {
+    CHECK(cudaEventRecord(e0, s));
+    CHECK(cudaGraphLaunch(ge, s));
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms * 1000.0 / kReps);
+  }
+  std::sort(t.begin(), t.end());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  return t[t.size() / 2];
+}
+
+struct Result {
+  double call[3], plan, plan_call;  // call[v]: kernel variant v (1 = default)
+  unsigned long long nans;
+};
+
+Result measure(Problem& pr, cudaStream_t s) {
+  dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
+  Result r{};
+  attn.plan(pr.p, s);
+  // call[1]: wgmma, staged gathers (the default); [2] pipelined; [0] mma.sync.
+  for (int v = 0; v < 3; ++v) {
+    dsv4::cuda::attention_variant() = v;
+    r.call[v] = time_graph(s, [&] { attn.run(pr.p, s); });
+  }
+  dsv4::cuda::attention_variant() = 1;
+  r.plan = time_graph(s, [&] { attn.plan(pr.p, s); });
+  r.plan_call = time_graph(s, [&] {
+    attn.plan(pr.p, s);
+    attn.run(pr.p, s);
+  });
+  // Sanity: after poisoning, one more call must leave no NaN (the data has none).
+  CHECK(cudaMemsetAsync(const_cast<uint16_t*>(pr.p.out), 0xFF, pr.out_elems * 2, s));
+  attn.run(pr.p, s);
+  unsigned long long* d = nullptr;
+  CHECK(cudaMalloc(&d, 8));
+  CHECK(cudaMemsetAsync(d, 0, 8, s));
+  count_nan<<<unsigned((pr.out_elems + 255) / 256), 256, 0, s>>>(pr.p.out, pr.out_elems, d);
+  CHECK(cudaMemcpyAsync(&r.nans, d, 8, cudaMemcpyDeviceToHost, s));
+  CHECK(cudaStreamSynchronize(s));
+  cudaFree(d);
+  return r;
+}
+
+// --diag: where the time of one call goes. Per-call times of the mma.sync
+// fallback and of the wgmma kernel with parts of the work switched off, and
+// %globaltimer stamps of every CTA (ns from the earliest CTA start): tile 0
+// landed, tile 0 dequantized, loop end, merge end.
+void diagnose(cudaStream_t s) {
+  struct Cfg {
+    int b, heads, extra, page;
+  };
+  const Cfg cfgs[] = {{1, 64, 0, 0}, {128, 64, 0, 0}, {1, 64, 1024, 2}, {128, 64, 512, 64}, {1, 64, 8192, 2}, {128, 128, 1024, 64}};
+  const int flag_sets[] = {0, dsv4::cuda::kDebugNoLoads, dsv4::cuda::kDebugNoStore, dsv4::cuda::kDebugNoCompute,
+                           dsv4::cuda::kDebugNoLoads | dsv4::cuda::kDebugNoStore,
+                           dsv4::cuda::kDebugNoLoads | dsv4::cuda::kDebugNoStore | dsv4::cuda::kDebugNoCompute};
+  std::printf("\ndiag: call us with parts switched off (1 no loads, 4 no dequant/stores, 2 no compute)\n");
+  std::printf("| b | H | N | mma.sync | pipelined | default (staged wgmma): flags 0 | 1 | 4 | 2 | 1+4 | 1+2+4 |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Cfg& c : cfgs) {
+    Problem pr = make_problem(c.b, c.heads, c.extra, c.page, false, 4242 + c.b);
+    dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
+    attn.plan(pr.p, s);
+    std::printf("| %d | %d | %d |", c.b, c.heads, 128 + c.extra);
+    for (int v : {0, 2}) {
+      dsv4::cuda::attention_variant() = v;
+      std::printf(" %.1f |", time_graph(s, [&] { attn.run(pr.p, s); }, 15));
+    }
+    dsv4::cuda::attention_variant() = 1;
+    for (int f : flag_sets) {
+      dsv4::cuda::attention_debug().flags = f;
+      std::printf(" %.1f |", time_graph(s, [&] { attn.run(pr.p, s); }, 15));
+    }
+    std::printf("\n");
+    dsv4::cuda::attention_debug().flags = 0;
+    const int g = attn.grid_size();
+    unsigned long long* d = nullptr;
+    CHECK(cudaMalloc(&d, size_t(g) * 8 * 8));
+    std::vector<unsigned long long> h(size_t(g) * 8);
+    for (int rep = 0; rep < 2; ++rep) {  // the second call is the warm one
+      CHECK(cudaMemsetAsync(d, 0, size_t(g) * 64, s));
+      dsv4::cuda::attention_debug().clock = d;
+      attn.run(pr.p, s);
+      dsv4::cuda::attention_debug().clock = nullptr;
+      CHECK(cudaStreamSynchronize(s));
+    }
+    CHECK(cudaMemcpy(h.data(), d, h.size() * 8, cudaMemcpyDeviceToHost));
+    cudaFree(d);
+    unsigned long long t0 = ~0ull, tend = 0;
+    int active = 0;
+    double sum[8] = {};
+    for (int c2 = 0; c2 < g; ++c2)
+      if (h[size_t(c2) * 8]) {
+        t0 = std::min(t0, h[size_t(c2) * 8]);
+        tend = std::max(tend, h[size_t(c2) * 8 + 4]);
+        ++active;
+      }
+    for (int c2 = 0; c2 < g; ++c2)
+      if (h[size_t(c2) * 8])
+        for (int k = 0; k < 5; ++k) sum[k] += double(h[size_t(c2) * 8 + k] - t0) / active;
+    std::printf("    stamps (mean ns over %d CTAs): start %.0f, tile 0 in %.0f, tile 0 dequantized %.0f, loop end %.0f, "
+                "merge end %.0f (max %llu)\n",
+                active, sum[0], sum[1], sum[2], sum[3], sum[4], tend - t0);
+    free_problem(pr);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool diag = argc > 1 && std::strcmp(argv[1], "--diag") == 0;
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  if (diag) {
+    diagnose(s);
+    return 0;
+  }
+  struct Row {
+    int heads, extra, page;
+    double flashmla[4];
+  };
+  const Row rows[] = {{64, 0, 0, {10.6, 10.8, 11.1, 12.5}},
+                      {64, 512, 64, {12.4, 14.1, 40.2, 40.8}},
+                      {128, 1024, 64, {14.2, 19.6, 52.1, 103.1}},
+                      {64, 1024, 2, {13.8, 16.3, 58.0, 71.2}},
+                      {64, 8192, 2, {27.4, 46.2, 244.4, 458.8}}};
+  const int batches[] = {1, 8, 64, 128};
+  std::printf("\n| H | N = 128 + extra | page | b | call us | pipelined | mma.sync | plan us | plan+call us | FlashMLA us |"
+              " FlashMLA / call | TFLOP/s | GB/s | roofline us | NaN |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Row& row : rows) {
+    for (int bi = 0; bi < 4; ++bi) {
+      const int b = batches[bi];
+      if (quick && b != 1 && b != 128) continue;
+      Problem pr = make_problem(b, row.heads, row.extra, row.page, false, 1000 + b * 7 + row.extra);
+      const Result r = measure(pr, s);
+      const double n = 128.0 + row.extra;
+      const double flops = 2.0 * row.heads * n * 1024.0 * b, bytes = n * 584.0 * b;
+      const double best = r.call[1];
+      const double roof = std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6;
+      std::printf("| %d | 128 + %d | %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.0f | %.0f | %.1f | %llu |\n",
+                  row.heads, row.extra, row.extra ? std::to_string(row.page).c_str() : "-", b, r.call[1], r.call[2], r.call[0],
+                  r.plan, r.plan_call, row.flashmla[bi], row.flashmla[bi] / best, flops / best * 1e-6,
+                  bytes / best * 1e-3, roof, r.nans);
+      std::fflush(stdout);
+      free_problem(pr);
+    }
+  }
+  // Prefill: one chunk of 4096 tokens, H = 64, window 128 + top-512 (page 64).
+  {
+    Problem pr = make_problem(4096, 64, 512, 64, true, 77);
+    const Result r = measure(pr, s);
+    const double n = 640.0, flops = 2.0 * 64 * n * 1024.0 * 4096, bytes = n * 584.0 * 4096;
+    const double best = r.call[1];
+    std::printf("\nprefill T=4096 H=64 N=128+512 page 64: call %.1f us (pipelined %.1f, mma.sync %.1f), plan %.1f us, plan+call %.1f us, "
+                "%.0f TFLOP/s, %.0f GB/s, roofline %.1f us, NaN %llu\n",
+                r.call[1], r.call[2], r.call[0], r.plan, r.plan_call, flops / best * 1e-6, bytes / best * 1e-3,
+                std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6, r.nans);
+    free_problem(pr);
+  }
+  cudaStreamDestroy(s);
+  return 0;
+}

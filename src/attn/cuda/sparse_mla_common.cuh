@@ -1,0 +1,216 @@
+#pragma once
+// Shared pieces of the sparse-attention kernel (sparse_mla_kernel.cu): the
+// shared-memory layout, the unit walker, the gathers of fp8_ds_mla records,
+// their dequantization into bf16 K planes and small helpers. Included by
+// sparse_mla_kernel.cu only.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "attn/cuda/fp8_dequant.cuh"
+#include "attn/cuda/ptx.cuh"
+#include "attn/cuda/sparse_mla_internal.cuh"
+
+namespace dsv4::cuda::mla {
+
+constexpr int kThreads = kAttnThreads;  // 8 warps
+// Q, K and P are stored as planes of 64 dims (128 bytes) per row: plane
+// c / 8 holds 16-byte chunk c of every row, rows 128 bytes apart, and the
+// chunk sits at position (c % 8) ^ (row % 8). That is the 128B-swizzle
+// layout of wgmma (8-row atoms of 1024 bytes), and it keeps 8-row ldmatrix
+// reads conflict-free.
+constexpr int kPlane = 64 * 128;
+constexpr int kQBytes = 8 * kPlane;  // 64 heads x 512 dims
+constexpr int kKBytes = 8 * kPlane;  // 64 entries x 512 dims
+constexpr int kRawData = kTileEntries * 576;               // records of one tile
+constexpr int kRawBytes = kRawData + kTileEntries * 8;     // + their scale bytes
+constexpr int kPBytes = kHeadBlock * kTileEntries * 2;
+constexpr int kSxBytes = 4 * 2 * 4 * 32 * 16;              // split-K exchange of S
+static_assert(kSxBytes <= kRawBytes, "the S exchange reuses a raw slot");
+
+constexpr int kOffQ = 0;
+constexpr int kOffK = kOffQ + kQBytes;
+constexpr int kOffRaw = kOffK + kKBytes;                   // two slots
+constexpr int kOffP = kOffRaw + 2 * kRawBytes;
+constexpr int kOffMask = kOffP + kPBytes;                  // [4][64] bytes: entry valid, ring by tile
+constexpr int kOffMx = kOffMask + 4 * kTileEntries;        // [2][64] floats: tile row max per entry half
+constexpr int kOffAlpha = kOffMx + 2 * 64 * 4;             // [64] floats: rescale of O rows
+constexpr int kOffLp = kOffAlpha + 64 * 4;                 // [2][64] floats: row sums per entry half
+constexpr int kOffM = kOffLp + 2 * 64 * 4;                 // [64] floats: row max at unit end
+constexpr int kOffMisc = kOffM + 64 * 4;                   // merge bookkeeping
+constexpr int kSmemBytes = kOffMisc + 64 + 1024;            // + room to align the base to 1024
+static_assert(kOffP % 1024 == 0 && kOffK % 1024 == 0, "swizzle atoms are 1024-byte aligned");
+
+// Byte offset of 16-byte chunk c (8 dims) of a row in a plane-major array.
+__device__ __forceinline__ uint32_t chunk_off(int row, int c) {
+  return uint32_t((c >> 3) * kPlane + row * 128 + (((c & 7) ^ (row & 7)) << 4));
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr uint64_t kSpinTimeoutNs = 100000;  // see merge_phase
+
+struct MergeSlot {  // in shared memory, one per partial slot
+  int unit;         // -1: this CTA holds no split unit in this slot
+  uint32_t round;   // which call (since the plan) this arrival belongs to
+  int last;         // this CTA completed the set of partials
+  int pad;
+};
+
+__device__ __forceinline__ void sync_all() { __syncthreads(); }
+
+__device__ __forceinline__ void stamp(const AttnParams& p, int k) {
+  if (p.debug_clock != nullptr && threadIdx.x == 0) p.debug_clock[blockIdx.x * 8 + k] = global_timer_ns();
+}
+
+// Walks the units of a CTA range in order; the next unit's record is loaded
+// one unit ahead.
+struct UnitWalker {
+  const int4* info;
+  int u;
+  int4 cur, nxt;
+  __device__ __forceinline__ void start(const int4* inf, int u0) {
+    info = inf;
+    u = u0;
+    cur = __ldg(info + u0);
+    nxt = __ldg(info + u0 + 1);
+  }
+  __device__ __forceinline__ int begin() const { return cur.x; }
+  __device__ __forceinline__ int end() const { return nxt.x; }
+  __device__ __forceinline__ void advance() {
+    ++u;
+    cur = nxt;
+    nxt = __ldg(info + u + 1);  // info has units + 1 records; u never passes the last unit
+  }
+};
+
+// ----------------------------------------------------------------------------
+// Gathers. Thread t serves entry t / 4 of a tile and its 16-byte chunks
+// t % 4 + 4 j (j = 0..8), so each quad reads 64 contiguous bytes; the quad's
+// first thread also copies the 8 scale bytes. A raw slot holds the 64
+// records (576 bytes each) then their scale bytes.
+// ----------------------------------------------------------------------------
+struct EntryRef {
+  int32_t slot;
+  int list;  // 0: SWA, 1: extra, -1: nothing at this position
+};
+
+__device__ __forceinline__ EntryRef fetch_ref(const AttnParams& p, UnitWalker& w, int tile, int e) {
+  while (tile >= w.end()) w.advance();
+  const int t = w.u / p.head_blocks;
+  const int pos = (tile - w.begin()) * kTileEntries + e;
+  const int ls = w.cur.y, le = w.cur.z;
+  EntryRef r{-1, -1};
+  if (pos < ls) {
+    r.slot = __ldg(p.swa.indices + int64_t(t) * p.swa.width + pos);
+    r.list = 0;
+  } else if (pos - ls < le) {
+    r.slot = __ldg(p.extra.indices + int64_t(t) * p.extra.width + (pos - ls));
+    r.list = 1;
+  }
+  return r;
+}
+
+// Issues the copies of one entry-quarter into a raw slot. An empty (< 0) or
+// out-of-range slot reads nothing: cp.async with source size 0 writes zeros.
+__device__ __forceinline__ void issue_gather(const AttnParams& p, EntryRef r, uint8_t* smem, int raw_slot,
+                                             int mask_slot) {
+  const int e = threadIdx.x >> 2, q = threadIdx.x & 3;
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+  if (r.list >= 0 && r.slot >= 0) {
+    const CacheView& c = r.list == 0 ? p.swa_cache : p.extra_cache;
+    if (int64_t(r.slot) < c.capacity) {
+      const uint32_t page = uint32_t(r.slot) / c.entries_per_page;
+      const uint32_t off = uint32_t(r.slot) - page * c.entries_per_page;
+      const uint8_t* base = c.base + int64_t(page) * c.page_stride;  // 64-bit: pages * stride passes 2^31
+      data = base + size_t(576) * off;
+      scales = base + size_t(576) * c.entries_per_page + size_t(8) * off;
+    }
+  }
+  const bool valid = data != nullptr;
+  if (!valid) data = scales = reinterpret_cast<const uint8_t*>(p.q);  // any valid address: nothing is read
+  const uint32_t dst = smem_u32(smem + kOffRaw + raw_slot * kRawBytes) + e * 576;
+  const uint32_t n = valid && !(p.debug_flags & kDebugNoLoads) ? 16u : 0u;
+#pragma unroll
+  for (int j = 0; j < 9; ++j) cp_async_16(dst + 16 * (q + 4 * j), data + 16 * (q + 4 * j), n);
+  if (q == 0) {
+    cp_async_8(smem_u32(smem + kOffRaw + raw_slot * kRawBytes + kRawData) + e * 8, scales, n / 2);
+    smem[kOffMask + mask_slot * kTileEntries + e] = valid ? 1 : 0;
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Dequantization of a raw slot into K (bf16, rows of 64 chunks of 16 bytes,
+// chunk c stored at c ^ (row & 7) so that ldmatrix reads are conflict-free).
+// Thread t handles entry t / 4: fp8 chunks q + 4 j (scale block j) and the
+// bf16 chunks 28 + q + 4 j.
+// ----------------------------------------------------------------------------
+__device__ __noinline__ void patch_nan_codes(const uint8_t* raw, uint8_t* kbuf, int e, int k) {
+  for (int byte = 0; byte < 16; ++byte) {
+    if ((raw[16 * k + byte] & 0x7f) == 0x7f) {
+      const int dim = 16 * k + byte;
+      *reinterpret_cast<uint16_t*>(kbuf + chunk_off(e, dim >> 3) + 2 * (dim & 7)) = 0x7fc0;
+    }
+  }
+}
+
+__device__ __forceinline__ void dequantize(uint8_t* smem, int raw_slot) {
+  const int e = threadIdx.x >> 2, q = threadIdx.x & 3;
+  const uint8_t* raw = smem + kOffRaw + raw_slot * kRawBytes + e * 576;
+  const uint2 sc = *reinterpret_cast<const uint2*>(smem + kOffRaw + raw_slot * kRawBytes + kRawData + e * 8);
+  uint8_t* kbuf = smem + kOffK;
+#pragma unroll  // all seven shared-memory loads in flight at once
+  for (int j = 0; j < 7; ++j) {
+    const int k = q + 4 * j;  // fp8 chunk: dims 16 k .. 16 k + 15 = K chunks 2 k, 2 k + 1
+    const uint4 v = *reinterpret_cast<const uint4*>(raw + 16 * k);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    const uint32_t sb = (j < 4 ? sc.x >> (8 * j) : sc.y >> (8 * (j - 4))) & 0xffu;
+    const ScaleFactors f = scale_factors(sb);
+    uint32_t o[8];
+    if (sb <= 134u)
+      dequant_chunk<false>(w, f, o);
+    else  // scales >= 2^8: never produced for real caches, exact two-step path
+      dequant_chunk<true>(w, f, o);
+    *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k)) = make_uint4(o[0], o[1], o[2], o[3]);
+    *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+    if (e4m3_nan_flags(w[0]) | e4m3_nan_flags(w[1]) | e4m3_nan_flags(w[2]) | e4m3_nan_flags(w[3]))
+      patch_nan_codes(raw, kbuf, e, k);  // NaN codes (never written by the quantizer) decode to NaN
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {  // dims 448..511 are bf16 already: record chunk k is K chunk k + 28
+    const int k = 28 + q + 4 * j;
+    *reinterpret_cast<uint4*>(kbuf + chunk_off(e, k + 28)) = *reinterpret_cast<const uint4*>(raw + 16 * k);
+  }
+}
+
+__device__ __forceinline__ void load_q_async(const AttnParams& p, uint8_t* smem, int unit) {
+  const int t = unit / p.head_blocks, hb = unit - t * p.head_blocks;
+  const uint32_t qs = smem_u32(smem + kOffQ);
+#pragma unroll 4
+  for (int i = 0; i < (kHeadBlock * 64) / kThreads; ++i) {
+    const int chunk = threadIdx.x + i * kThreads;
+    const int row = chunk >> 6, c = chunk & 63;
+    const int head = hb * kHeadBlock + row;
+    const bool valid = head < p.num_heads;  // padded heads read as zeros
+    const uint16_t* src = p.q + (int64_t(t) * p.num_heads + (valid ? head : 0)) * 512 + c * 8;
+    cp_async_16(qs + chunk_off(row, c), src, valid ? 16 : 0);
+  }
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+}  // namespace dsv4::cuda::mla
