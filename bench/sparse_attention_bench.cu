@@ -11,6 +11,8 @@
 //             compares with FlashMLA's; next to it the two other variants
 //   plan      the plan kernel alone (once per step and layer type)
 //   plan+call both, back to back (a step with a single layer of the type)
+// Modes: --quick (batches 1 and 128), --diag (see diagnose), --profile B H EXTRA PAGE
+// (one configuration, three calls, for Nsight Compute).
 // Data: random pages (no NaN codes, realistic scales), each request with its
 // own pages in a random order: SWA window of 128 over 3 pages; C4A (page 64)
 // top-k picked at random among 16384 compressed entries; C128A (page 2) all
@@ -352,6 +354,17 @@ int main(int argc, char** argv) {
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   if (diag) {
     diagnose(s);
+    return 0;
+  }
+  if (argc == 6 && std::strcmp(argv[1], "--profile") == 0) {
+    // --profile B H EXTRA PAGE: plan once and run three default calls, for ncu
+    // (e.g. --kernel-name regex:sparse_mla_kernel --launch-skip 2 --launch-count 1).
+    Problem pr = make_problem(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), false, 99);
+    dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
+    attn.plan(pr.p, s);
+    for (int i = 0; i < 3; ++i) attn.run(pr.p, s);
+    CHECK(cudaStreamSynchronize(s));
+    free_problem(pr);
     return 0;
   }
   struct Row {
