@@ -8,7 +8,7 @@
 // is amortised. Columns:
 //   call      one layer's call: run() = attention + fused merge (1 kernel),
 //             default kernel (wgmma, staged gathers); this is the number that
-//             compares with FlashMLA's; next to it the two other variants
+//             compares with FlashMLA's; next to it the mma.sync variant
 //   plan      the plan kernel alone (once per step and layer type)
 //   plan+call both, back to back (a step with a single layer of the type)
 // Modes: --quick (batches 1 and 128), --diag (see diagnose), --profile B H EXTRA PAGE
@@ -248,7 +248,7 @@ double time_graph(cudaStream_t s, F body, int replays = 30) {
 }
 
 struct Result {
-  double call[3], plan, plan_call;  // call[v]: kernel variant v (1 = default)
+  double call[2], plan, plan_call;  // call[v]: kernel variant v (1 = default)
   unsigned long long nans;
 };
 
@@ -256,8 +256,8 @@ Result measure(Problem& pr, cudaStream_t s) {
   dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
   Result r{};
   attn.plan(pr.p, s);
-  // call[1]: wgmma, staged gathers (the default); [2] pipelined; [0] mma.sync.
-  for (int v = 0; v < 3; ++v) {
+  // call[1]: wgmma, staged gathers (the default); [0] mma.sync.
+  for (int v = 0; v < 2; ++v) {
     dsv4::cuda::attention_variant() = v;
     r.call[v] = time_graph(s, [&] { attn.run(pr.p, s); });
   }
@@ -293,13 +293,13 @@ void diagnose(cudaStream_t s) {
                            dsv4::cuda::kDebugNoLoads | dsv4::cuda::kDebugNoStore,
                            dsv4::cuda::kDebugNoLoads | dsv4::cuda::kDebugNoStore | dsv4::cuda::kDebugNoCompute};
   std::printf("\ndiag: call us with parts switched off (1 no loads, 4 no dequant/stores, 2 no compute)\n");
-  std::printf("| b | H | N | mma.sync | pipelined | default (staged wgmma): flags 0 | 1 | 4 | 2 | 1+4 | 1+2+4 |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| b | H | N | mma.sync | default (staged wgmma): flags 0 | 1 | 4 | 2 | 1+4 | 1+2+4 |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Cfg& c : cfgs) {
     Problem pr = make_problem(c.b, c.heads, c.extra, c.page, false, 4242 + c.b);
     dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
     attn.plan(pr.p, s);
     std::printf("| %d | %d | %d |", c.b, c.heads, 128 + c.extra);
-    for (int v : {0, 2}) {
+    for (int v : {0}) {
       dsv4::cuda::attention_variant() = v;
       std::printf(" %.1f |", time_graph(s, [&] { attn.run(pr.p, s); }, 15));
     }
@@ -377,9 +377,9 @@ int main(int argc, char** argv) {
                       {64, 1024, 2, {13.8, 16.3, 58.0, 71.2}},
                       {64, 8192, 2, {27.4, 46.2, 244.4, 458.8}}};
   const int batches[] = {1, 8, 64, 128};
-  std::printf("\n| H | N = 128 + extra | page | b | call us | pipelined | mma.sync | plan us | plan+call us | FlashMLA us |"
+  std::printf("\n| H | N = 128 + extra | page | b | call us | mma.sync | plan us | plan+call us | FlashMLA us |"
               " FlashMLA / call | TFLOP/s | GB/s | roofline us | NaN |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& row : rows) {
     for (int bi = 0; bi < 4; ++bi) {
       const int b = batches[bi];
@@ -390,8 +390,8 @@ int main(int argc, char** argv) {
       const double flops = 2.0 * row.heads * n * 1024.0 * b, bytes = n * 584.0 * b;
       const double best = r.call[1];
       const double roof = std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6;
-      std::printf("| %d | 128 + %d | %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.0f | %.0f | %.1f | %llu |\n",
-                  row.heads, row.extra, row.extra ? std::to_string(row.page).c_str() : "-", b, r.call[1], r.call[2], r.call[0],
+      std::printf("| %d | 128 + %d | %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.0f | %.0f | %.1f | %llu |\n",
+                  row.heads, row.extra, row.extra ? std::to_string(row.page).c_str() : "-", b, r.call[1], r.call[0],
                   r.plan, r.plan_call, row.flashmla[bi], row.flashmla[bi] / best, flops / best * 1e-6,
                   bytes / best * 1e-3, roof, r.nans);
       std::fflush(stdout);
@@ -404,9 +404,9 @@ int main(int argc, char** argv) {
     const Result r = measure(pr, s);
     const double n = 640.0, flops = 2.0 * 64 * n * 1024.0 * 4096, bytes = n * 584.0 * 4096;
     const double best = r.call[1];
-    std::printf("\nprefill T=4096 H=64 N=128+512 page 64: call %.1f us (pipelined %.1f, mma.sync %.1f), plan %.1f us, plan+call %.1f us, "
+    std::printf("\nprefill T=4096 H=64 N=128+512 page 64: call %.1f us (mma.sync %.1f), plan %.1f us, plan+call %.1f us, "
                 "%.0f TFLOP/s, %.0f GB/s, roofline %.1f us, NaN %llu\n",
-                r.call[1], r.call[2], r.call[0], r.plan, r.plan_call, flops / best * 1e-6, bytes / best * 1e-3,
+                r.call[1], r.call[0], r.plan, r.plan_call, flops / best * 1e-6, bytes / best * 1e-3,
                 std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6, r.nans);
     free_problem(pr);
   }

@@ -88,10 +88,9 @@ void launch_attention(const AttnParams& p, cudaStream_t stream);
 // Process-wide diagnostics copied into every launch (benchmark only).
 AttentionDebug& attention_debug();
 // Which implementation launch_attention uses: 1 (default) wgmma with the
-// gathers staged in shared memory two tiles ahead; 2 wgmma pipelined over a
-// double-buffered K with register-staged gathers; 0 mma.sync with ldmatrix.
-// All three are tested; 2 and 0 are slower today (docs/perf-notes.md). A
-// process-wide knob for tests and the benchmark.
+// gathers staged in shared memory two tiles ahead; 0 mma.sync with ldmatrix
+// (tested, slower: docs/perf-notes.md). A process-wide knob for tests and the
+// benchmark.
 int& attention_variant();
 
 }  // namespace dsv4::cuda

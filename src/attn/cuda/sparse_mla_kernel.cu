@@ -11,10 +11,10 @@
 //  3. S = Q K^T with bf16 operands and fp32 accumulators (wgmma);
 //  4. online softmax with the sink; the next gathers are issued;
 //  5. O += P V (wgmma).
-// Variant 0 does steps 3-5 with mma.sync and ldmatrix; variant 2
-// (sparse_mla_pipelined.cuh) double-buffers K and overlaps step 2 of the
-// next tile with step 3. Both are tested and slower today
-// (docs/perf-notes.md); attention_variant() selects.
+// Variant 0 does steps 3-5 with mma.sync and ldmatrix; it is tested and
+// slower today (docs/perf-notes.md); attention_variant() selects. (A third
+// variant that double-buffered K with register-staged gathers was slower on
+// every row and was removed; perf notes, runs 5-6.)
 // Units cut by CTA-range boundaries are merged at the end of the kernel by
 // their participants, each merging one share (sparse_mla_merge.cuh: fused
 // combine, no second kernel). Production numerics (SPEC §5): q.k with bf16
@@ -22,7 +22,6 @@
 // bf16 for P.V while the row sum adds the fp32 values; output rounded to bf16.
 #include "attn/cuda/sparse_mla_common.cuh"
 #include "attn/cuda/sparse_mla_merge.cuh"
-#include "attn/cuda/sparse_mla_pipelined.cuh"
 #include "attn/cuda/sparse_mla_tiles.cuh"
 
 namespace dsv4::cuda {
@@ -39,10 +38,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const __grid_co
   if (work.x >= work.y) return;
   stamp(p, 0);
   if (threadIdx.x < 2) reinterpret_cast<MergeSlot*>(smem + kOffMisc)[threadIdx.x].unit = -1;
-  if constexpr (kVariant == 2)
-    attention_tiles_pipelined(p, smem, work.x, work.y, work.z);
-  else
-    attention_tiles<kVariant == 1>(p, smem, work.x, work.y, work.z);
+  attention_tiles<kVariant == 1>(p, smem, work.x, work.y, work.z);
   sync_all();
   stamp(p, 3);
   merge_phase(p, smem, work.w);
@@ -65,7 +61,7 @@ int& attention_variant() {
 
 int prepare_attention_kernel() {
   int blocks = 1 << 30;
-  for (auto* k : {&sparse_mla_kernel<2>, &sparse_mla_kernel<1>, &sparse_mla_kernel<0>}) {
+  for (auto* k : {&sparse_mla_kernel<1>, &sparse_mla_kernel<0>}) {
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (e != cudaSuccess) return -int(e);
     int b = 0;
@@ -77,16 +73,10 @@ int prepare_attention_kernel() {
 }
 
 void launch_attention(const AttnParams& p, cudaStream_t stream) {
-  switch (attention_variant()) {
-    case 0:
-      sparse_mla_kernel<0><<<p.grid, kThreads, kSmemBytes, stream>>>(p);
-      break;
-    case 1:
-      sparse_mla_kernel<1><<<p.grid, kThreads, kSmemBytes, stream>>>(p);
-      break;
-    default:
-      sparse_mla_kernel<2><<<p.grid, kThreads, kSmemBytes, stream>>>(p);
-  }
+  if (attention_variant() == 0)
+    sparse_mla_kernel<0><<<p.grid, kThreads, kSmemBytes, stream>>>(p);
+  else
+    sparse_mla_kernel<1><<<p.grid, kThreads, kSmemBytes, stream>>>(p);
 }
 
 }  // namespace dsv4::cuda
