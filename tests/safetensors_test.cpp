@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "support/error_of.h"
 #include "support/temp_dir.h"
 
 namespace dsv4 {
@@ -56,16 +57,7 @@ Bytes golden_with_header(const std::function<void(json&)>& edit) {
   return raw_image(header.dump(), Bytes(g.begin() + 8 + long(n), g.end()));
 }
 
-// The message of the Error that f throws; fails the test when it throws none.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no dsv4::Error thrown";
-  return "";
-}
+using dsv4::test::error_of;
 
 std::string parse_error(const Bytes& image) {
   return error_of([&] { SafetensorsFile::parse(image, "img.safetensors"); });

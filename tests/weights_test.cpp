@@ -17,6 +17,7 @@
 #include "numerics/bf16.h"
 #include "numerics/e4m3.h"
 #include "numerics/ue8m0.h"
+#include "support/error_of.h"
 #include "support/temp_dir.h"
 
 namespace dsv4 {
@@ -29,15 +30,7 @@ const fs::path kMiniFp8 = fs::path(DSV4_GOLDEN_DIR) / "mini-fp8.weights.safetens
 
 using dsv4::test::TempDir;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no dsv4::Error thrown";
-  return "";
-}
+using dsv4::test::error_of;
 
 #define EXPECT_MENTIONS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << (msg)
 

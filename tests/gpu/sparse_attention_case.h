@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../support/attention_reference.h"
+#include "attn/cuda/sparse_attention_cuda.h"
 #include "attn/sparse_attention.h"
 #include "cache/fp8_ds_mla.h"
 #include "numerics/bf16.h"
@@ -235,10 +236,19 @@ struct DeviceCase {
     cudaMemsetAsync(p.lse, 0xFF, lse_elems * sizeof(float), s);
   }
   void download(std::vector<uint16_t>& out, std::vector<float>& lse) const {
-    out.resize(out_elems);
-    lse.resize(lse_elems);
+    out.assign(out_elems, 0xFFFF);  // NaN where a failed copy leaves nothing
+    lse.assign(lse_elems, NAN);
     cudaMemcpy(out.data(), p.out, out_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost);
     cudaMemcpy(lse.data(), p.lse, lse_elems * sizeof(float), cudaMemcpyDeviceToHost);
+  }
+  // One eager call on poisoned outputs: plan, run, wait, download.
+  void plan_run_download(SparseAttentionCuda& attn, std::vector<uint16_t>& out, std::vector<float>& lse) const {
+    poison();
+    attn.plan(p, nullptr);
+    attn.run(p, nullptr);
+    const cudaError_t e = cudaDeviceSynchronize();
+    EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+    download(out, lse);
   }
 };
 

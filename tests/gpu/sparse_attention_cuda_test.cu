@@ -36,13 +36,9 @@ void run_and_check(const CaseSpec& spec, int max_tokens = 0, double lse_rel = 0.
   const HostCase hc = make_case(spec);
   DeviceCase dc(hc);
   SparseAttentionCuda attn({max_tokens > 0 ? max_tokens : spec.tokens, 128, 1});
-  dc.poison();
-  attn.plan(dc.p, nullptr);
-  attn.run(dc.p, nullptr);
-  DSV4_CUDA_OK(cudaDeviceSynchronize());
   std::vector<uint16_t> out;
   std::vector<float> lse;
-  dc.download(out, lse);
+  dc.plan_run_download(attn, out, lse);
   const Reference ref = reference(hc.params());
   CompareStats st = compare(ref, out, lse, spec.tokens, spec.heads);
   if (lse_rel > 0) {  // re-check lse with the relative allowance
@@ -286,13 +282,9 @@ TEST_P(SparseAttentionCudaTest, NanCodeInAnAttendedEntryGivesNan) {
   page[fp8_ds_mla_data_offset(slot % 64) + 100] = 0x7f;
   DeviceCase dc(hc);
   SparseAttentionCuda attn({4, 64, 1});
-  dc.poison();
-  attn.plan(dc.p, nullptr);
-  attn.run(dc.p, nullptr);
-  DSV4_CUDA_OK(cudaDeviceSynchronize());
   std::vector<uint16_t> out;
   std::vector<float> lse;
-  dc.download(out, lse);
+  dc.plan_run_download(attn, out, lse);
   const Reference ref = reference(hc.params());
   for (int h = 0; h < 64; ++h) {
     EXPECT_TRUE(std::isnan(ref.out[(size_t(2) * 64 + h) * 512]));
