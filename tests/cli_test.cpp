@@ -82,6 +82,8 @@ TEST(Cli, RunSmallWorkloadWithJson) {
   fclose(f);
   EXPECT_NE(text.find("\"decode\""), std::string::npos);
   EXPECT_NE(text.find("\"peak_cache_bytes\""), std::string::npos);
+  EXPECT_NE(text.find("\"c4a_state\""), std::string::npos);  // per cache group
+  EXPECT_TRUE(has(r, "by cache: compressed entries + indexer keys")) << r.out;
 }
 
 TEST(Cli, RunRejectsBadArguments) {

@@ -202,6 +202,13 @@ size_t CacheManager::bytes_in_use(LayerType t) const {
   return bytes;
 }
 
+size_t CacheManager::bytes_in_use(CacheGroup g) const {
+  size_t bytes = 0;
+  for (const auto& [group, store] : store_groups_)
+    if (group == g) bytes += store->page_stride() * size_t(pools_[size_t(g)].used_count());
+  return bytes;
+}
+
 size_t CacheManager::bytes_allocated() const {
   size_t bytes = 0;
   for (const auto& s : stores_) bytes += s->size_bytes();

@@ -92,6 +92,8 @@ class CacheManager {
 
   // Bytes of pages in use by the layers of one type (every cache they own).
   size_t bytes_in_use(LayerType t) const;
+  // Bytes of pages in use in one group, over all layers.
+  size_t bytes_in_use(CacheGroup g) const;
   size_t bytes_allocated() const;
 
  private:

@@ -75,6 +75,8 @@ nlohmann::json report_json(const WorkloadReport& r, const ModelConfig& c, const 
                               {"peak_cache_bytes", r.peak_cache_bytes[size_t(t)]}};
   }
   j["peak_cache_bytes"] = r.peak_cache_total;
+  for (CacheGroup g : kAllCacheGroups)
+    j["peak_cache_bytes_by_group"][std::string(cache_group_name(g))] = r.peak_group_bytes[size_t(g)];
   j["peak_tokens_held"] = r.peak_tokens_held;
   j["dense_mla_bytes_at_peak"] = double(r.peak_tokens_held) * c.num_layers * kKvEntryBytes;
   j["finished"] = r.finished;
@@ -107,6 +109,13 @@ void print_report(const WorkloadReport& r, const ModelConfig& c) {
   const double dense = double(r.peak_tokens_held) * c.num_layers * kKvEntryBytes;
   std::printf("  total    %10.2f MiB   (dense MLA, %d layers x 584 B per token: %.2f MiB)\n", r.peak_cache_total / mib,
               c.num_layers, dense / mib);
+  // What grows with context (compressed entries, indexer keys) against what a
+  // request holds at any length (its SWA window pages, the fp32 compressor rows).
+  const auto group = [&](CacheGroup g) { return r.peak_group_bytes[size_t(g)] / mib; };
+  std::printf("  by cache: compressed entries + indexer keys %.2f MiB (grow with context); SWA window %.2f MiB and "
+              "compressor state %.2f MiB (bounded per request)\n",
+              group(CacheGroup::kC4A) + group(CacheGroup::kC128A), group(CacheGroup::kSwa),
+              group(CacheGroup::kC4AState) + group(CacheGroup::kC128AState));
   std::printf("finished %d requests, %zu rejected runs, checksum %.6f\n", r.finished, r.errors.size(), r.checksum);
   for (const auto& e : r.errors) std::printf("  rejected: %s\n", e.c_str());
 }

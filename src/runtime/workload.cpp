@@ -82,6 +82,7 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
     for (int t = 0; t < kNumLayerTypes; ++t) total += bytes[size_t(t)] = engine.caches().bytes_in_use(LayerType(t));
     if (total > rep.peak_cache_total) {
       rep.peak_cache_total = total, rep.peak_cache_bytes = bytes;
+      for (CacheGroup g : kAllCacheGroups) rep.peak_group_bytes[size_t(g)] = engine.caches().bytes_in_use(g);
       rep.peak_tokens_held = engine.caches().tokens_held();
     }
     std::vector<int64_t> finished, failed;

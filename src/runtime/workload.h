@@ -22,6 +22,7 @@ struct WorkloadReport {
   std::array<double, kNumLayerTypes> layer_seconds{};  // summed over layers of each type
   std::array<int, kNumLayerTypes> layer_counts{};
   std::array<size_t, kNumLayerTypes> peak_cache_bytes{};  // pages in use, per layer type
+  std::array<size_t, kNumCacheGroups> peak_group_bytes{};  // the same bytes, per cache group
   size_t peak_cache_total = 0;
   int64_t peak_tokens_held = 0;    // context tokens held at that peak
   int finished = 0;
