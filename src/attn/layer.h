@@ -44,8 +44,6 @@ class AttentionLayer {
   AttentionLayer(const ModelConfig& config, const LayerWeights& weights, const LayerCaches& caches,
                  const LayerOptions& options);
 
-  LayerType type() const { return type_; }
-
   // x, y: [T, D]. Writes this step's entries into the layer's caches.
   void forward(const StepMetadata& s, const float* x, float* y, LayerCapture* capture = nullptr) const;
 

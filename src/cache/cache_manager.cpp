@@ -209,10 +209,4 @@ size_t CacheManager::bytes_in_use(CacheGroup g) const {
   return bytes;
 }
 
-size_t CacheManager::bytes_allocated() const {
-  size_t bytes = 0;
-  for (const auto& s : stores_) bytes += s->size_bytes();
-  return bytes;
-}
-
 }  // namespace dsv4

@@ -94,7 +94,6 @@ class CacheManager {
   size_t bytes_in_use(LayerType t) const;
   // Bytes of pages in use in one group, over all layers.
   size_t bytes_in_use(CacheGroup g) const;
-  size_t bytes_allocated() const;
 
  private:
   struct RequestTables {

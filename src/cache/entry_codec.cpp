@@ -13,7 +13,6 @@ class Fp8DsMlaCodec final : public EntryCodec {
   size_t page_stride(int b) const override { return fp8_ds_mla_page_stride(b); }
   void write(const float* v, uint8_t* page, int b, int t) const override { fp8_ds_mla_encode(v, page, b, t); }
   void read(const uint8_t* page, int b, int t, float* v) const override { fp8_ds_mla_decode(page, b, t, v); }
-  void round_trip(float* v) const override { fp8_ds_mla_round_trip(v); }
   std::string name() const override { return "fp8_ds_mla"; }
 };
 
@@ -24,7 +23,6 @@ class IndexKeyCodec final : public EntryCodec {
   size_t page_stride(int b) const override { return index_key_page_stride(f_, b); }
   void write(const float* v, uint8_t* page, int b, int t) const override { index_key_encode(f_, v, page, b, t); }
   void read(const uint8_t* page, int b, int t, float* v) const override { index_key_decode(f_, page, b, t, v); }
-  void round_trip(float* v) const override { index_key_round_trip(f_, v); }
   std::string name() const override { return "index_keys_" + std::string(index_key_format_name(f_)); }
 
  private:
@@ -42,7 +40,6 @@ class F32Codec final : public EntryCodec {
   void read(const uint8_t* page, int, int t, float* v) const override {
     std::memcpy(v, page + sizeof(float) * size_t(dim_) * t, sizeof(float) * dim_);
   }
-  void round_trip(float*) const override {}
   std::string name() const override { return "f32x" + std::to_string(dim_); }
 
  private:

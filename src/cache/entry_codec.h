@@ -18,8 +18,6 @@ class EntryCodec {
   virtual size_t page_stride(int entries_per_page) const = 0;
   virtual void write(const float* v, uint8_t* page, int entries_per_page, int t) const = 0;
   virtual void read(const uint8_t* page, int entries_per_page, int t, float* v) const = 0;
-  // The rounding a write + read applies, without a page.
-  virtual void round_trip(float* v) const = 0;
   virtual std::string name() const = 0;
 };
 

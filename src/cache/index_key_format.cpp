@@ -52,9 +52,4 @@ void index_key_decode(IndexKeyFormat f, const uint8_t* page, int entries_per_pag
   }
 }
 
-void index_key_round_trip(IndexKeyFormat f, float* key) {
-  if (f == IndexKeyFormat::kFp8) fake_quant_e4m3(key, kIndexDim, kIndexDim);
-  else fake_quant_e2m1(key, kIndexDim, kFp4QuantBlock);
-}
-
 }  // namespace dsv4

@@ -27,7 +27,5 @@ constexpr size_t index_key_page_stride(IndexKeyFormat f, int entries_per_page) {
 void index_key_encode(IndexKeyFormat f, const float* key, uint8_t* page, int entries_per_page, int t);
 void index_key_decode(IndexKeyFormat f, const uint8_t* page, int entries_per_page, int t, float* key);
 
-// The rounding a stored key undergoes, in place (no page).
-void index_key_round_trip(IndexKeyFormat f, float* key);
 
 }  // namespace dsv4

@@ -132,8 +132,6 @@ ModelConfig preset_config(std::string_view name) {
   return c;
 }
 
-std::vector<std::string> preset_names() { return {"flash", "pro", "mini", "small"}; }
-
 namespace {
 
 // Typed field access with errors that name the field.

@@ -56,7 +56,6 @@ struct ModelConfig {
 // Built-in presets: "flash", "pro", "mini" (the golden vectors' dims), "small"
 // (Flash's layer mix scaled down for CPU runs).
 ModelConfig preset_config(std::string_view name);
-std::vector<std::string> preset_names();
 
 // Parses a config.json object (either spelling of the layer schedule, SPEC §2)
 // and validates it. `origin` names the source in error messages.
