@@ -248,7 +248,7 @@ double time_graph(cudaStream_t s, F body, int replays = 30) {
 }
 
 struct Result {
-  double call[2], plan, plan_call;  // call[v]: kernel variant v (1 = default)
+  double call[3], plan, plan_call;  // call[v]: kernel variant v
   unsigned long long nans;
 };
 
@@ -256,12 +256,13 @@ Result measure(Problem& pr, cudaStream_t s) {
   dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
   Result r{};
   attn.plan(pr.p, s);
-  // call[1]: wgmma, staged gathers (the default); [0] mma.sync.
-  for (int v = 0; v < 2; ++v) {
+  // [2] warp-specialized, [1] wgmma with staged gathers, [0] mma.sync.
+  const int def = dsv4::cuda::attention_variant();
+  for (int v = 0; v < 3; ++v) {
     dsv4::cuda::attention_variant() = v;
     r.call[v] = time_graph(s, [&] { attn.run(pr.p, s); });
   }
-  dsv4::cuda::attention_variant() = 1;
+  dsv4::cuda::attention_variant() = def;
   r.plan = time_graph(s, [&] { attn.plan(pr.p, s); });
   r.plan_call = time_graph(s, [&] {
     attn.plan(pr.p, s);
@@ -283,8 +284,9 @@ Result measure(Problem& pr, cudaStream_t s) {
 // --diag: where the time of one call goes. Per-call times of the mma.sync
 // fallback and of the wgmma kernel with parts of the work switched off, and
 // %globaltimer stamps of every CTA (ns from the earliest CTA start): tile 0
-// landed, tile 0 dequantized, loop end, merge end.
+// landed, tile 0 dequantized (variant 2: Q K^T of tile 0 done), loop end.
 void diagnose(cudaStream_t s) {
+  const int diag_variant = dsv4::cuda::attention_variant();
   struct Cfg {
     int b, heads, extra, page;
   };
@@ -303,7 +305,7 @@ void diagnose(cudaStream_t s) {
       dsv4::cuda::attention_variant() = v;
       std::printf(" %.1f |", time_graph(s, [&] { attn.run(pr.p, s); }, 15));
     }
-    dsv4::cuda::attention_variant() = 1;
+    dsv4::cuda::attention_variant() = diag_variant;
     for (int f : flag_sets) {
       dsv4::cuda::attention_debug().flags = f;
       std::printf(" %.1f |", time_graph(s, [&] { attn.run(pr.p, s); }, 15));
@@ -312,10 +314,11 @@ void diagnose(cudaStream_t s) {
     dsv4::cuda::attention_debug().flags = 0;
     const int g = attn.grid_size();
     unsigned long long* d = nullptr;
-    CHECK(cudaMalloc(&d, size_t(g) * 8 * 8));
-    std::vector<unsigned long long> h(size_t(g) * 8);
+    constexpr int kS = dsv4::cuda::kDebugSlots;
+    CHECK(cudaMalloc(&d, size_t(g) * kS * 8));
+    std::vector<unsigned long long> h(size_t(g) * kS);
     for (int rep = 0; rep < 2; ++rep) {  // the second call is the warm one
-      CHECK(cudaMemsetAsync(d, 0, size_t(g) * 64, s));
+      CHECK(cudaMemsetAsync(d, 0, size_t(g) * kS * 8, s));
       dsv4::cuda::attention_debug().clock = d;
       attn.run(pr.p, s);
       dsv4::cuda::attention_debug().clock = nullptr;
@@ -327,17 +330,27 @@ void diagnose(cudaStream_t s) {
     int active = 0;
     double sum[8] = {};
     for (int c2 = 0; c2 < g; ++c2)
-      if (h[size_t(c2) * 8]) {
-        t0 = std::min(t0, h[size_t(c2) * 8]);
-        tend = std::max(tend, h[size_t(c2) * 8 + 4]);
+      if (h[size_t(c2) * kS]) {
+        t0 = std::min(t0, h[size_t(c2) * kS]);
+        tend = std::max(tend, h[size_t(c2) * kS + 3]);
         ++active;
       }
     for (int c2 = 0; c2 < g; ++c2)
-      if (h[size_t(c2) * 8])
-        for (int k = 0; k < 5; ++k) sum[k] += double(h[size_t(c2) * 8 + k] - t0) / active;
-    std::printf("    stamps (mean ns over %d CTAs): start %.0f, tile 0 in %.0f, tile 0 dequantized %.0f, loop end %.0f, "
-                "merge end %.0f (max %llu)\n",
-                active, sum[0], sum[1], sum[2], sum[3], sum[4], tend - t0);
+      if (h[size_t(c2) * kS])
+        for (int k = 0; k < 4; ++k) sum[k] += double(h[size_t(c2) * kS + k] - t0) / active;
+    std::printf("    stamps (mean ns over %d CTAs): start %.0f, tile 0 in %.0f, tile 0 dequantized %.0f, loop end %.0f "
+                "(max %llu)\n",
+                active, sum[0], sum[1], sum[2], sum[3], tend - t0);
+    if (diag_variant == 2) {
+      // Slots: 5 producer loop end, 6 consumers' total wait for full K buffers.
+      double pend = 0, wait = 0;
+      for (int c2 = 0; c2 < g; ++c2)
+        if (h[size_t(c2) * kS]) {
+          pend += double(h[size_t(c2) * kS + 5] - t0) / active;
+          wait += double(h[size_t(c2) * kS + 6]) / active;
+        }
+      std::printf("    warp-specialized (mean ns): producer end %.0f, consumers waited for full buffers %.0f\n", pend, wait);
+    }
     free_problem(pr);
   }
 }
@@ -352,6 +365,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  if (const char* v = std::getenv("DSV4_ATTN_VARIANT")) dsv4::cuda::attention_variant() = std::atoi(v);
   if (diag) {
     diagnose(s);
     return 0;
@@ -377,9 +391,9 @@ int main(int argc, char** argv) {
                       {64, 1024, 2, {13.8, 16.3, 58.0, 71.2}},
                       {64, 8192, 2, {27.4, 46.2, 244.4, 458.8}}};
   const int batches[] = {1, 8, 64, 128};
-  std::printf("\n| H | N = 128 + extra | page | b | call us | mma.sync | plan us | plan+call us | FlashMLA us |"
+  std::printf("\n| H | N = 128 + extra | page | b | call us | v2 ws | v1 staged | v0 mma.sync | plan us | plan+call us | FlashMLA us |"
               " FlashMLA / call | TFLOP/s | GB/s | roofline us | NaN |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& row : rows) {
     for (int bi = 0; bi < 4; ++bi) {
       const int b = batches[bi];
@@ -388,10 +402,10 @@ int main(int argc, char** argv) {
       const Result r = measure(pr, s);
       const double n = 128.0 + row.extra;
       const double flops = 2.0 * row.heads * n * 1024.0 * b, bytes = n * 584.0 * b;
-      const double best = r.call[1];
+      const double best = r.call[dsv4::cuda::attention_variant()];
       const double roof = std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6;
-      std::printf("| %d | 128 + %d | %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.0f | %.0f | %.1f | %llu |\n",
-                  row.heads, row.extra, row.extra ? std::to_string(row.page).c_str() : "-", b, r.call[1], r.call[0],
+      std::printf("| %d | 128 + %d | %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.0f | %.0f | %.1f | %llu |\n",
+                  row.heads, row.extra, row.extra ? std::to_string(row.page).c_str() : "-", b, best, r.call[2], r.call[1], r.call[0],
                   r.plan, r.plan_call, row.flashmla[bi], row.flashmla[bi] / best, flops / best * 1e-6,
                   bytes / best * 1e-3, roof, r.nans);
       std::fflush(stdout);
@@ -403,10 +417,10 @@ int main(int argc, char** argv) {
     Problem pr = make_problem(4096, 64, 512, 64, true, 77);
     const Result r = measure(pr, s);
     const double n = 640.0, flops = 2.0 * 64 * n * 1024.0 * 4096, bytes = n * 584.0 * 4096;
-    const double best = r.call[1];
-    std::printf("\nprefill T=4096 H=64 N=128+512 page 64: call %.1f us (mma.sync %.1f), plan %.1f us, plan+call %.1f us, "
+    const double best = r.call[dsv4::cuda::attention_variant()];
+    std::printf("\nprefill T=4096 H=64 N=128+512 page 64: call %.1f us (v2 %.1f, v1 %.1f, v0 %.1f), plan %.1f us, plan+call %.1f us, "
                 "%.0f TFLOP/s, %.0f GB/s, roofline %.1f us, NaN %llu\n",
-                r.call[1], r.call[0], r.plan, r.plan_call, flops / best * 1e-6, bytes / best * 1e-3,
+                best, r.call[2], r.call[1], r.call[0], r.plan, r.plan_call, flops / best * 1e-6, bytes / best * 1e-3,
                 std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6, r.nans);
     free_problem(pr);
   }

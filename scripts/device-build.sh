@@ -48,7 +48,7 @@ compile() {  # src obj
 
 srcs=(src/common/error.cpp src/numerics/e4m3.cpp src/numerics/quant.cpp src/cache/fp8_ds_mla.cpp
       src/attn/cuda/sparse_attention_cuda.cu src/attn/cuda/sparse_mla_plan.cu src/attn/cuda/sparse_mla_kernel.cu
-      tests/gpu/sparse_attention_cuda_test.cu bench/sparse_attention_bench.cu)
+      src/attn/cuda/sparse_mla_combine.cu tests/gpu/sparse_attention_cuda_test.cu bench/sparse_attention_bench.cu)
 pids=()
 for s in "${srcs[@]}"; do
   o="$obj/$(echo "$s" | tr '/' '_').o"
@@ -59,7 +59,7 @@ done
 for p in "${pids[@]}"; do wait "$p"; done
 
 lib=()
-for s in "${srcs[@]:0:7}"; do lib+=("$obj/$(echo "$s" | tr '/' '_').o"); done
+for s in "${srcs[@]:0:8}"; do lib+=("$obj/$(echo "$s" | tr '/' '_').o"); done
 link=(-static-libstdc++ -static-libgcc -L"$cuda_lib" -lcudart_static -lpthread -ldl -lrt)
 g++ -o "$out/sparse_attention_cuda_test" "$obj/tests_gpu_sparse_attention_cuda_test.cu.o" "${lib[@]}" \
     "${gtest_objs[@]}" "${link[@]}"

@@ -333,9 +333,9 @@ TEST_P(SparseAttentionCudaTest, BadCallsThrowBeforeLaunching) {
   DSV4_CUDA_OK(cudaDeviceSynchronize());
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, SparseAttentionCudaTest, ::testing::Values(1, 0),
+INSTANTIATE_TEST_SUITE_P(Kernels, SparseAttentionCudaTest, ::testing::Values(2, 1, 0),
                          [](const ::testing::TestParamInfo<int>& i) {
-                           return std::string(i.param == 1 ? "wgmma_serial" : "mma_sync");
+                           return std::string(i.param == 2 ? "warp_specialized" : i.param == 1 ? "wgmma_serial" : "mma_sync");
                          });
 
 }  // namespace

@@ -137,8 +137,8 @@ SparseAttentionCuda::SparseAttentionCuda(const SparseAttentionCudaLimits& limits
     for (auto& s : impl_->plans) {
       s.view.unit_info = impl_->alloc<int4>(units + 1);
       s.view.cta_work = impl_->alloc<int4>(g);
-      s.view.arrive = impl_->alloc<uint32_t>(2 * size_t(g));
-      s.view.claim = impl_->alloc<uint32_t>(2 * size_t(g));
+      s.view.split_units = impl_->alloc<int>(size_t(g));
+      s.view.split_count = impl_->alloc<int>(1);
     }
   } catch (...) {
     delete impl_;
@@ -175,8 +175,11 @@ void SparseAttentionCuda::run(const SparseAttentionParams& p, CUstream_st* strea
               s.extra_width == p.extra.width,
           "sparse attention (cuda): the plan was built for other tokens, heads or index widths");
   if (p.num_tokens == 0) return;
-  cuda::launch_attention(impl_->params(p, s), stream);
+  const cuda::AttnParams a = impl_->params(p, s);
+  cuda::launch_attention(a, stream);
   cuda_check(cudaGetLastError(), "attention kernel launch");
+  cuda::launch_combine(a, stream);
+  cuda_check(cudaGetLastError(), "combine kernel launch");
 }
 
 }  // namespace dsv4

@@ -38,8 +38,7 @@ constexpr int kOffMx = kOffMask + 4 * kTileEntries;        // [2][64] floats: ti
 constexpr int kOffAlpha = kOffMx + 2 * 64 * 4;             // [64] floats: rescale of O rows
 constexpr int kOffLp = kOffAlpha + 64 * 4;                 // [2][64] floats: row sums per entry half
 constexpr int kOffM = kOffLp + 2 * 64 * 4;                 // [64] floats: row max at unit end
-constexpr int kOffMisc = kOffM + 64 * 4;                   // merge bookkeeping
-constexpr int kSmemBytes = kOffMisc + 64 + 1024;            // + room to align the base to 1024
+constexpr int kSmemBytes = kOffM + 64 * 4 + 1024;          // + room to align the base to 1024
 static_assert(kOffP % 1024 == 0 && kOffK % 1024 == 0, "swizzle atoms are 1024-byte aligned");
 
 // Byte offset of 16-byte chunk c (8 dims) of a row in a plane-major array.
@@ -47,21 +46,18 @@ __device__ __forceinline__ uint32_t chunk_off(int row, int c) {
   return uint32_t((c >> 3) * kPlane + row * 128 + (((c & 7) ^ (row & 7)) << 4));
 }
 
+// Named barrier of the 256 threads that own the accumulators (all of
+// variants 0 and 1, the two consumer groups of variant 2); 0 is __syncthreads.
+constexpr uint32_t kBarConsumers = 1;
+constexpr int kConsumerThreads = 256;
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr uint64_t kSpinTimeoutNs = 100000;  // see merge_phase
-
-struct MergeSlot {  // in shared memory, one per partial slot
-  int unit;         // -1: this CTA holds no split unit in this slot
-  uint32_t round;   // which call (since the plan) this arrival belongs to
-  int last;         // this CTA completed the set of partials
-  int pad;
-};
 
 __device__ __forceinline__ void sync_all() { __syncthreads(); }
 
 __device__ __forceinline__ void stamp(const AttnParams& p, int k) {
-  if (p.debug_clock != nullptr && threadIdx.x == 0) p.debug_clock[blockIdx.x * 8 + k] = global_timer_ns();
+  if (p.debug_clock != nullptr && threadIdx.x == 0) p.debug_clock[blockIdx.x * kDebugSlots + k] = global_timer_ns();
 }
 
 // Walks the units of a CTA range in order; the next unit's record is loaded
@@ -147,7 +143,7 @@ __device__ __forceinline__ void issue_gather(const AttnParams& p, EntryRef r, ui
 // Thread t handles entry t / 4: fp8 chunks q + 4 j (scale block j) and the
 // bf16 chunks 28 + q + 4 j.
 // ----------------------------------------------------------------------------
-__device__ __noinline__ void patch_nan_codes(const uint8_t* raw, uint8_t* kbuf, int e, int k) {
+static __device__ __noinline__ void patch_nan_codes(const uint8_t* raw, uint8_t* kbuf, int e, int k) {
   for (int byte = 0; byte < 16; ++byte) {
     if ((raw[16 * k + byte] & 0x7f) == 0x7f) {
       const int dim = 16 * k + byte;
@@ -185,12 +181,14 @@ __device__ __forceinline__ void dequantize(uint8_t* smem, int raw_slot) {
   }
 }
 
-__device__ __forceinline__ void load_q_async(const AttnParams& p, uint8_t* smem, int unit) {
+// Q of a unit into the plane layout at smem + kOffQ, by kN threads (tid < kN).
+template <int kN = kThreads>
+__device__ __forceinline__ void load_q_async(const AttnParams& p, uint8_t* smem, int unit, int tid = threadIdx.x) {
   const int t = unit / p.head_blocks, hb = unit - t * p.head_blocks;
   const uint32_t qs = smem_u32(smem + kOffQ);
 #pragma unroll 4
-  for (int i = 0; i < (kHeadBlock * 64) / kThreads; ++i) {
-    const int chunk = threadIdx.x + i * kThreads;
+  for (int i = 0; i < (kHeadBlock * 64) / kN; ++i) {
+    const int chunk = tid + i * kN;
     const int row = chunk >> 6, c = chunk & 63;
     const int head = hb * kHeadBlock + row;
     const bool valid = head < p.num_heads;  // padded heads read as zeros
@@ -202,6 +200,30 @@ __device__ __forceinline__ void load_q_async(const AttnParams& p, uint8_t* smem,
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// ----------------------------------------------------------------------------
+// Output staging. A unit's bf16 output (64 rows x 1 KB) goes through shared
+// memory so that global stores are whole 16-byte chunks of whole rows: the
+// fragment layouts give each thread 4-byte pieces 8 rows apart, which as
+// direct stores cost a partial sector each. 16-byte chunk c of row r sits at
+// r * 1024 + ((c ^ (r & 7)) << 4): a warp's fragment stores (8 rows x 4
+// pieces per chunk) hit 32 distinct banks.
+// ----------------------------------------------------------------------------
+__device__ __forceinline__ void stage_pair(uint8_t* stage, int row, int col, uint32_t v) {
+  const uint32_t off = uint32_t(row) * 1024 + ((uint32_t(col) * 2) ^ (uint32_t(row & 7) << 4));
+  *reinterpret_cast<uint32_t*>(stage + off) = v;
+}
+
+// Copies rows [0, heff) of the stage to out (rows 512 elements apart), by kN threads (tid < kN).
+template <int kN>
+__device__ __forceinline__ void copy_out_stage(const uint8_t* stage, uint16_t* out, int heff, int tid) {
+#pragma unroll 4
+  for (int i = tid; i < heff * 64; i += kN) {
+    const int row = i >> 6, c = i & 63;
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + row * 1024 + ((c ^ (row & 7)) << 4));
+    *reinterpret_cast<uint4*>(out + row * 512 + c * 8) = v;
+  }
 }
 
 __device__ __forceinline__ float quad_max(float v) {

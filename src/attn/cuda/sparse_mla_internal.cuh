@@ -9,10 +9,10 @@
 // numbers all tiles of all units consecutively and gives CTA c the tiles
 // [c * per, (c + 1) * per), per = ceil(total / grid). A unit that falls
 // wholly inside one CTA's range is finished by that CTA; a unit cut by range
-// boundaries ("split") gets one fp32 partial per CTA that touches it, and the
-// participants merge the partials at the end of the kernel (see
-// sparse_mla_kernel.cu). Each CTA touches at most two split units: the first
-// and the last of its range, which use partial slots 0 and 1.
+// boundaries ("split") gets one fp32 partial per CTA that touches it, and a
+// second kernel, the combine (sparse_mla_combine.cu), merges them. Each CTA
+// touches at most two split units: the first and the last of its range,
+// which use partial slots 0 and 1.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -41,10 +41,10 @@ struct ListView {
 
 // One plan, in device memory.
 struct PlanView {
-  int4* unit_info;   // [units + 1]: {first tile, swa length, extra length, 0}; [units].x = total tiles
-  int4* cta_work;    // [grid]: {first tile, end tile, first unit, tiles per CTA}
-  uint32_t* arrive;  // [2 * grid]: arrivals at split units, indexed by the unit's first CTA and its slot
-  uint32_t* claim;   // [2 * grid]: merge claims, indexed by the partial's CTA and slot
+  int4* unit_info;    // [units + 1]: {first tile, swa length, extra length, 0}; [units].x = total tiles
+  int4* cta_work;     // [grid]: {first tile, end tile, first unit, tiles per CTA}
+  int* split_units;   // [grid]: the units cut by CTA-range boundaries (any order)
+  int* split_count;   // [1]: how many
 };
 
 struct AttnParams {
@@ -63,13 +63,14 @@ struct AttnParams {
   PlanView plan;
   float* partial_o;         // [grid][2][64][512] unnormalised fp32 outputs
   float2* partial_ml;       // [grid][2][64] {running max (log2 units), sum of exp2}
-  int grid;
+  int grid;                 // CTAs of the attention kernel
   // Diagnostics for the benchmark only (null / 0 in normal use): per-CTA
-  // %globaltimer stamps [grid][8] and switches that remove parts of the work.
+  // %globaltimer stamps [grid][kDebugSlots] and switches that remove parts of the work.
   unsigned long long* debug_clock;
   int debug_flags;  // kDebug* below
 };
 
+inline constexpr int kDebugSlots = 16;     // debug_clock entries per CTA
 inline constexpr int kDebugNoLoads = 1;    // gathers read nothing (zero-filled records)
 inline constexpr int kDebugNoCompute = 2;  // skip Q K^T, softmax and P V
 inline constexpr int kDebugNoStore = 4;    // skip the dequantization into K
@@ -84,7 +85,11 @@ size_t attention_smem_bytes();
 // Raises the kernel's dynamic shared-memory limit; returns CTAs per SM.
 int prepare_attention_kernel();
 void launch_plan(const AttnParams& p, cudaStream_t stream);
+// The attention kernel, then the combine of split units (programmatic
+// dependent launch: it starts while the attention kernel runs and waits for
+// it only when there is something to merge).
 void launch_attention(const AttnParams& p, cudaStream_t stream);
+void launch_combine(const AttnParams& p, cudaStream_t stream);
 // Process-wide diagnostics copied into every launch (benchmark only).
 AttentionDebug& attention_debug();
 // Which implementation launch_attention uses: 1 (default) wgmma with the

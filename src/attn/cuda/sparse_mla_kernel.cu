@@ -15,14 +15,14 @@
 // slower today (docs/perf-notes.md); attention_variant() selects. (A third
 // variant that double-buffered K with register-staged gathers was slower on
 // every row and was removed; perf notes, runs 5-6.)
-// Units cut by CTA-range boundaries are merged at the end of the kernel by
-// their participants, each merging one share (sparse_mla_merge.cuh: fused
-// combine, no second kernel). Production numerics (SPEC §5): q.k with bf16
+// Units cut by CTA-range boundaries leave fp32 partials for the combine
+// kernel (sparse_mla_combine.cu), which every CTA lets start early
+// (programmatic dependent launch). Production numerics (SPEC §5): q.k with bf16
 // operands and fp32 accumulation, scale after; exp2 in fp32; P rounded to
 // bf16 for P.V while the row sum adds the fp32 values; output rounded to bf16.
 #include "attn/cuda/sparse_mla_common.cuh"
-#include "attn/cuda/sparse_mla_merge.cuh"
 #include "attn/cuda/sparse_mla_tiles.cuh"
+#include "attn/cuda/sparse_mla_ws.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -34,20 +34,46 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const __grid_co
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // The swizzle atoms must sit on 1024-byte boundaries of the shared window.
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  wait_for_prior_grids();
+  launch_dependents();
   const int4 work = __ldg(p.plan.cta_work + blockIdx.x);  // {first tile, end tile, first unit, per}
   if (work.x >= work.y) return;
   stamp(p, 0);
-  if (threadIdx.x < 2) reinterpret_cast<MergeSlot*>(smem + kOffMisc)[threadIdx.x].unit = -1;
   attention_tiles<kVariant == 1>(p, smem, work.x, work.y, work.z);
-  sync_all();
   stamp(p, 3);
-  merge_phase(p, smem, work.w);
-  stamp(p, 4);
+}
+
+// Variant 2 (sparse_mla_ws.cuh): producer and consumer warpgroups.
+__global__ void __launch_bounds__(ws::kThreadsWs, 1) sparse_mla_ws_kernel(const __grid_constant__ AttnParams p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  wait_for_prior_grids();
+  launch_dependents();
+  const int4 work = __ldg(p.plan.cta_work + blockIdx.x);  // {first tile, end tile, first unit, per}
+  if (work.x >= work.y) return;
+  stamp(p, 0);
+  const uint32_t sbase = smem_u32(smem);
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(ws::full_bar(sbase, b), ws::kProducerThreads);  // every producer thread
+      mbar_init(ws::empty_bar(sbase, b), 8);   // one lane of each consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  if (threadIdx.x >= 256) {
+    reg_dealloc<ws::kRegsProducer>();
+    ws::produce(p, smem, work.x, work.y, work.z);
+    return;
+  }
+  reg_alloc<ws::kRegsConsumer>();
+  ws::consume(p, smem, work.x, work.y, work.z);
+  stamp(p, 3);
 }
 
 }  // namespace
 
-size_t attention_smem_bytes() { return kSmemBytes; }
+size_t attention_smem_bytes() { return kSmemBytes > ws::kSmemBytesWs ? kSmemBytes : ws::kSmemBytesWs; }
 
 AttentionDebug& attention_debug() {
   static AttentionDebug d;
@@ -61,22 +87,43 @@ int& attention_variant() {
 
 int prepare_attention_kernel() {
   int blocks = 1 << 30;
-  for (auto* k : {&sparse_mla_kernel<1>, &sparse_mla_kernel<0>}) {
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  struct Kernel {
+    void (*fn)(AttnParams);
+    int threads, smem;
+  };
+  for (const Kernel& k : {Kernel{&sparse_mla_kernel<1>, kThreads, kSmemBytes}, Kernel{&sparse_mla_kernel<0>, kThreads, kSmemBytes},
+                          Kernel{&sparse_mla_ws_kernel, ws::kThreadsWs, ws::kSmemBytesWs}}) {
+    cudaError_t e = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
     if (e != cudaSuccess) return -int(e);
     int b = 0;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, kThreads, kSmemBytes);
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k.fn, k.threads, k.smem);
     if (e != cudaSuccess) return -int(e);
     blocks = b < blocks ? b : blocks;
   }
   return blocks;
 }
 
+// With programmatic dependent launch, so that the CTAs are set up while the
+// previous kernel of the stream (the last call's combine, or the plan)
+// finishes; each waits for it before reading anything.
 void launch_attention(const AttnParams& p, cudaStream_t stream) {
-  if (attention_variant() == 0)
-    sparse_mla_kernel<0><<<p.grid, kThreads, kSmemBytes, stream>>>(p);
-  else
-    sparse_mla_kernel<1><<<p.grid, kThreads, kSmemBytes, stream>>>(p);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(p.grid));
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  if (attention_variant() == 2) {
+    cfg.blockDim = dim3(ws::kThreadsWs);
+    cfg.dynamicSmemBytes = ws::kSmemBytesWs;
+    cudaLaunchKernelEx(&cfg, sparse_mla_ws_kernel, p);
+  } else {
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    cudaLaunchKernelEx(&cfg, attention_variant() == 0 ? sparse_mla_kernel<0> : sparse_mla_kernel<1>, p);
+  }
 }
 
 }  // namespace dsv4::cuda

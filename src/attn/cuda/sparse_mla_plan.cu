@@ -7,9 +7,10 @@
 //  * whole units: range boundaries only at unit boundaries, CTA c taking the
 //    units that start in [c W / G, (c + 1) W / G) (W tiles, G CTAs). No
 //    merge, but a CTA may get up to a unit more than W / G tiles.
-//  * even split: CTA c takes tiles [c per, (c + 1) per), per = ceil(W / G);
-//    units cut by a boundary are merged at the end of the kernel, which costs
-//    about kSplitPenalty tiles.
+//  * even split: CTA c takes tiles [c per, (c + 1) per), per = ceil(W / G)
+//    (raised so that no unit spans more than kMaxPartials CTAs); the units
+//    cut by a boundary are listed for the combine kernel, which merges their
+//    partials (about split_penalty tiles).
 // The plan takes whole units when their largest CTA load is within the
 // penalty of the even split: large decode batches (many units of similar
 // size) then run without any merge, small ones spread a long row over many
@@ -31,26 +32,34 @@ __device__ __forceinline__ int unit_tiles(int swa_len, int extra_len) {
   return n > 0 ? n : 1;
 }
 
-// Partials written and read, spin and imbalance of a merge, in tiles (measured
-// cost of a merge is a few microseconds; a tile of 64 heads about 1-2).
-__device__ __forceinline__ int split_penalty(int per) { return 3 + per / 16; }
+// What splitting costs, in tiles: writing the partials and the combine kernel
+// (about 3 us at small batch, where a tile takes 4-5 us: docs/perf-notes.md,
+// run 13), plus imbalance.
+__device__ __forceinline__ int split_penalty(int per) { return 1 + per / 16; }
+
+// At most this many CTAs share one unit: the combine merges every float4 of
+// a split row over all its partials in one thread (sparse_mla_combine.cu).
+constexpr int kMaxPartials = 64;
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ AttnParams p) {
   __shared__ int warp_sums[kPlanThreads / 32];
-  __shared__ int s_total, s_makespan;
+  __shared__ int s_total, s_makespan, s_splits, s_longest;
   __shared__ int load[kMaxGrid];  // tiles per CTA with whole units
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int units = p.num_tokens * p.head_blocks;
   const int chunk = (units + kPlanThreads - 1) / kPlanThreads;
   const int u_begin = min(units, tid * chunk), u_end = min(units, u_begin + chunk);
   for (int c = tid; c < p.grid; c += kPlanThreads) load[c] = 0;
-  if (tid == 0) s_makespan = 0;
+  if (tid == 0) s_makespan = s_longest = 0;
 
-  int sum = 0;
+  int sum = 0, longest = 0;
   for (int u = u_begin; u < u_end; ++u) {
     const int t = u / p.head_blocks;
-    sum += unit_tiles(clamped_length(p.swa, t), clamped_length(p.extra, t));
+    const int tiles = unit_tiles(clamped_length(p.swa, t), clamped_length(p.extra, t));
+    sum += tiles;
+    longest = max(longest, tiles);
   }
+  atomicMax(&s_longest, longest);
   // Block-wide exclusive scan of the per-thread sums.
   int incl = sum;
 #pragma unroll
@@ -77,7 +86,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
   }
   __syncthreads();
   const int total = s_total;
-  const int per = max(1, (total + p.grid - 1) / p.grid);
+  const int per = max(max(1, (total + p.grid - 1) / p.grid), (s_longest + kMaxPartials - 1) / kMaxPartials);
   // The CTA of a unit when units stay whole: the window its first tile is in.
   auto whole_cta = [&](int start) { return int(int64_t(start) * p.grid / total); };
 
@@ -94,14 +103,11 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
   __syncthreads();
   for (int c = tid; c < p.grid; c += kPlanThreads) atomicMax(&s_makespan, load[c]);
   __syncthreads();
-  const bool whole_units = s_makespan <= per + split_penalty(per);
+  const bool whole_units = s_makespan < per + split_penalty(per);
 
-  // Idle CTAs first (overwritten below for CTAs that get work), counters.
-  for (int c = tid; c < p.grid; c += kPlanThreads) {
-    p.plan.cta_work[c] = make_int4(total, total, 0, per);
-    p.plan.arrive[2 * c] = p.plan.arrive[2 * c + 1] = 0;
-    p.plan.claim[2 * c] = p.plan.claim[2 * c + 1] = 0;
-  }
+  // Idle CTAs first (overwritten below for CTAs that get work).
+  for (int c = tid; c < p.grid; c += kPlanThreads) p.plan.cta_work[c] = make_int4(total, total, 0, per);
+  if (tid == 0) s_splits = 0;
   __syncthreads();
   start = offset;
   for (int u = u_begin; u < u_end; ++u) {
@@ -118,9 +124,12 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
     } else {
       for (int c = (start + per - 1) / per; c * per < end && c < p.grid; ++c)
         p.plan.cta_work[c] = make_int4(c * per, min(c * per + per, total), u, per);
+      if (start / per != (end - 1) / per) p.plan.split_units[atomicAdd(&s_splits, 1)] = u;  // < grid: one per boundary
     }
     start = end;
   }
+  __syncthreads();
+  if (tid == 0) *p.plan.split_count = s_splits;
 }
 
 }  // namespace

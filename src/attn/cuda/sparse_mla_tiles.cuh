@@ -60,7 +60,6 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
   float* alpha_buf = reinterpret_cast<float*>(smem + kOffAlpha);
   float* lp_buf = reinterpret_cast<float*>(smem + kOffLp);
   float* m_buf = reinterpret_cast<float*>(smem + kOffM);
-  MergeSlot* merge = reinterpret_cast<MergeSlot*>(smem + kOffMisc);
   const bool compute = !(p.debug_flags & kDebugNoCompute);
 
   // Prologue: Q of the first unit, then the gathers of tiles a and a + 1, one
@@ -364,7 +363,9 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
     const int col_base = kWgmma ? 256 * wg + 2 * c4 : 64 * cw + 2 * c4;
     const bool writes_row_stats = c4 == 0 && (kWgmma ? wg == 0 : cw == 0);
     if (whole) {
-      uint16_t* ob = p.out + (int64_t(t) * p.num_heads + hb * kHeadBlock + row_base) * 512 + col_base;
+      // Through the K buffer, free now: both groups are past this tile's P V
+      // (the barrier above) and the next tile's dequantization is behind B1.
+      uint8_t* stage = smem + kOffK;
       const float* sk = p.sink + hb * kHeadBlock + row_base;
       float* lse = p.lse == nullptr || !writes_row_stats ? nullptr : p.lse + int64_t(t) * p.num_heads + hb * kHeadBlock + row_base;
 #pragma unroll
@@ -377,10 +378,12 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
 #pragma unroll
         for (int j = 0; j < kCols; ++j) {
           const float* c = kWgmma ? acc + 4 * j + 2 * ri : acc + (8 * (ri >> 1) + j) * 4 + 2 * (ri & 1);
-          *reinterpret_cast<uint32_t*>(ob + ro * 512 + 8 * j) = pack_bf16(c[0] * inv, c[1] * inv);
+          stage_pair(stage, row_base + ro, col_base + 8 * j, pack_bf16(c[0] * inv, c[1] * inv));
         }
         if (lse != nullptr) lse[ro] = l > 0.0f ? m * kLn2 + logf(l) : -INFINITY;
       }
+      sync_all();
+      copy_out_stage<kThreads>(stage, p.out + (int64_t(t) * p.num_heads + hb * kHeadBlock) * 512, heff, tid);
     } else {
       float* ob = p.partial_o + (int64_t(cta * 2 + pslot) * 64 + row_base) * 512 + col_base;
       float2* ml = writes_row_stats ? p.partial_ml + (cta * 2 + pslot) * 64 + row_base : nullptr;
@@ -394,22 +397,6 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
           *reinterpret_cast<float2*>(ob + ro * 512 + 8 * j) = make_float2(c[0], c[1]);
         }
         if (ml != nullptr) ml[ro] = make_float2(m_buf[ro + row_base], lp_buf[ro + row_base] + lp_buf[64 + ro + row_base]);
-      }
-      // All partial stores precede the barrier; thread 0's fence then
-      // publishes them (cumulatively) before the arrival, the pattern of
-      // cooperative groups' grid sync.
-      sync_all();
-      if (tid == 0) {
-        const int per = __ldg(&p.plan.cta_work[cta]).w;
-        const int start = w.begin(), end = w.end();
-        const int c_first = start / per, n_part = (end - 1) / per - c_first + 1;
-        const int first_slot = c_first * per >= start ? 0 : 1;
-        fence_acq_rel_gpu();
-        const uint32_t old = atomicAdd(p.plan.arrive + 2 * c_first + first_slot, 1u);
-        fence_acq_rel_gpu();
-        merge[pslot].unit = u;
-        merge[pslot].round = old / uint32_t(n_part);
-        merge[pslot].last = (old + 1) % uint32_t(n_part) == 0;
       }
     }
   }

@@ -1,0 +1,86 @@
+// The combine of split units: a unit cut by CTA-range boundaries (see
+// sparse_mla_internal.cuh) left one fp32 partial {O_i, m_i, l_i} per
+// participating CTA, with O_i and l_i relative to 2^m_i (log2 units). Per head
+// row the combine forms M = max m_i, w_i = 2^(m_i - M), L = sum w_i l_i and
+//   o = sum w_i O_i / (L + 2^(sink log2 e - M)),   lse = M ln 2 + ln L,
+// summing the partials in a fixed order, so the result does not depend on
+// timing (SPEC §4.6, numerics as the attention kernel's).
+//
+// Each thread merges one float4 of one head row of one split unit (all
+// partials of that float4, loaded together), so the work spreads over the
+// whole GPU whether there are many split units with few partials each (large
+// batches) or one unit with many (batch 1, long rows; the plan caps the
+// partials per unit at kMaxPartials). It is launched with programmatic
+// dependent launch right behind the attention kernel: it reads the plan's
+// count of split units (written before the attention kernel started), exits
+// at once when there are none, and otherwise waits for the attention
+// kernel's partials.
+#include "attn/cuda/sparse_mla_common.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+using namespace mla;
+
+constexpr int kCombineThreads = 256;
+constexpr int kCombineCtasPerSm = 8;
+
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_constant__ AttnParams p) {
+  launch_dependents();  // the next call's attention kernel may set up its CTAs meanwhile
+  const int count = *p.plan.split_count;
+  if (count == 0) return;
+  wait_for_prior_grids();
+  const int per = __ldg(&p.plan.cta_work[0]).w;
+  constexpr int kRowF4 = 128;  // float4 per 512-dim row
+  const int items = count * kHeadBlock * kRowF4;
+  for (int idx = blockIdx.x * kCombineThreads + threadIdx.x; idx < items; idx += gridDim.x * kCombineThreads) {
+    const int k = idx / (kHeadBlock * kRowF4), h = (idx / kRowF4) % kHeadBlock, f = idx % kRowF4;
+    const int u = __ldg(p.plan.split_units + k);
+    const int t = u / p.head_blocks, hb = u - t * p.head_blocks;
+    if (h >= min(kHeadBlock, p.num_heads - hb * kHeadBlock)) continue;  // padded head: no output
+    const int start = __ldg(&p.plan.unit_info[u]).x, end = __ldg(&p.plan.unit_info[u + 1]).x;
+    const int c_first = start / per, n_part = (end - 1) / per - c_first + 1;
+    const int first_slot = c_first * per >= start ? 0 : 1;  // the first CTA's partial is its slot 1 when the unit starts inside its range
+    auto partial = [&](int i) { return (c_first + i) * 2 + (i == 0 ? first_slot : 0); };
+    // The row's statistics are read by its 128 threads alike: cached loads.
+    float m = -INFINITY;
+    for (int i = 0; i < n_part; ++i) m = fmaxf(m, __ldg(p.partial_ml + partial(i) * 64 + h).x);
+    const float base = m == -INFINITY ? 0.0f : m;  // nothing attended anywhere: every weight is 0
+    float l = 0.0f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int i = 0; i < n_part; ++i) {
+      const float2 ml = __ldg(p.partial_ml + partial(i) * 64 + h);
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial_o + (int64_t(partial(i)) * 64 + h) * 512) + f);
+      const float w = fast_exp2(ml.x - base);
+      l += ml.y * w;
+      o.x += w * v.x;
+      o.y += w * v.y;
+      o.z += w * v.z;
+      o.w += w * v.w;
+    }
+    // m = -inf: exp2(+inf) = inf, inv = 0, o = 0.
+    const float inv = 1.0f / (l + fast_exp2(p.sink[hb * kHeadBlock + h] * kLog2e - m));
+    const int64_t row = int64_t(t) * p.num_heads + hb * kHeadBlock + h;
+    *reinterpret_cast<uint2*>(p.out + row * 512 + 4 * f) =
+        make_uint2(pack_bf16(o.x * inv, o.y * inv), pack_bf16(o.z * inv, o.w * inv));
+    if (f == 0 && p.lse != nullptr) p.lse[row] = l > 0.0f ? m * kLn2 + logf(l) : -INFINITY;
+  }
+}
+
+}  // namespace
+
+void launch_combine(const AttnParams& p, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(kCombineCtasPerSm * p.grid));
+  cfg.blockDim = dim3(kCombineThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, combine_kernel, p);
+}
+
+}  // namespace dsv4::cuda
