@@ -6,9 +6,10 @@
 // replay of a graph holding kReps back-to-back calls, divided by kReps), so
 // launch gaps inside a step's graph are counted but the graph launch itself
 // is amortised. Columns:
-//   call      one layer's call: run() = attention + fused merge (1 kernel),
-//             default kernel (wgmma, staged gathers); this is the number that
-//             compares with FlashMLA's; next to it the mma.sync variant
+//   call      one layer's call: run() = attention kernel + combine kernel
+//             (which exits at once when no row was split), default kernel
+//             (wgmma, staged gathers); this is the number that compares with
+//             FlashMLA's; next to it the mma.sync variant
 //   plan      the plan kernel alone (once per step and layer type)
 //   plan+call both, back to back (a step with a single layer of the type)
 // Modes: --quick (batches 1 and 128), --diag (see diagnose), --profile B H EXTRA PAGE
@@ -22,7 +23,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -248,7 +248,7 @@ double time_graph(cudaStream_t s, F body, int replays = 30) {
 }
 
 struct Result {
-  double call[3], plan, plan_call;  // call[v]: kernel variant v
+  double call[2], plan, plan_call;  // call[v]: kernel variant v (1: the default)
   unsigned long long nans;
 };
 
@@ -256,9 +256,9 @@ Result measure(Problem& pr, cudaStream_t s) {
   dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
   Result r{};
   attn.plan(pr.p, s);
-  // [2] warp-specialized, [1] wgmma with staged gathers, [0] mma.sync.
+  // [1] wgmma with staged gathers, [0] mma.sync.
   const int def = dsv4::cuda::attention_variant();
-  for (int v = 0; v < 3; ++v) {
+  for (int v = 0; v < 2; ++v) {
     dsv4::cuda::attention_variant() = v;
     r.call[v] = time_graph(s, [&] { attn.run(pr.p, s); });
   }
@@ -328,7 +328,7 @@ void diagnose(cudaStream_t s) {
     cudaFree(d);
     unsigned long long t0 = ~0ull, tend = 0;
     int active = 0;
-    double sum[8] = {};
+    double sum[4] = {};
     for (int c2 = 0; c2 < g; ++c2)
       if (h[size_t(c2) * kS]) {
         t0 = std::min(t0, h[size_t(c2) * kS]);
@@ -341,16 +341,6 @@ void diagnose(cudaStream_t s) {
     std::printf("    stamps (mean ns over %d CTAs): start %.0f, tile 0 in %.0f, tile 0 dequantized %.0f, loop end %.0f "
                 "(max %llu)\n",
                 active, sum[0], sum[1], sum[2], sum[3], tend - t0);
-    if (diag_variant == 2) {
-      // Slots: 5 producer loop end, 6 consumers' total wait for full K buffers.
-      double pend = 0, wait = 0;
-      for (int c2 = 0; c2 < g; ++c2)
-        if (h[size_t(c2) * kS]) {
-          pend += double(h[size_t(c2) * kS + 5] - t0) / active;
-          wait += double(h[size_t(c2) * kS + 6]) / active;
-        }
-      std::printf("    warp-specialized (mean ns): producer end %.0f, consumers waited for full buffers %.0f\n", pend, wait);
-    }
     free_problem(pr);
   }
 }
@@ -365,7 +355,6 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  if (const char* v = std::getenv("DSV4_ATTN_VARIANT")) dsv4::cuda::attention_variant() = std::atoi(v);
   if (diag) {
     diagnose(s);
     return 0;
@@ -391,9 +380,9 @@ int main(int argc, char** argv) {
                       {64, 1024, 2, {13.8, 16.3, 58.0, 71.2}},
                       {64, 8192, 2, {27.4, 46.2, 244.4, 458.8}}};
   const int batches[] = {1, 8, 64, 128};
-  std::printf("\n| H | N = 128 + extra | page | b | call us | v2 ws | v1 staged | v0 mma.sync | plan us | plan+call us | FlashMLA us |"
+  std::printf("\n| H | N = 128 + extra | page | b | call us | mma.sync us | plan us | plan+call us | FlashMLA us |"
               " FlashMLA / call | TFLOP/s | GB/s | roofline us | NaN |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& row : rows) {
     for (int bi = 0; bi < 4; ++bi) {
       const int b = batches[bi];
@@ -404,8 +393,8 @@ int main(int argc, char** argv) {
       const double flops = 2.0 * row.heads * n * 1024.0 * b, bytes = n * 584.0 * b;
       const double best = r.call[dsv4::cuda::attention_variant()];
       const double roof = std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6;
-      std::printf("| %d | 128 + %d | %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.0f | %.0f | %.1f | %llu |\n",
-                  row.heads, row.extra, row.extra ? std::to_string(row.page).c_str() : "-", b, best, r.call[2], r.call[1], r.call[0],
+      std::printf("| %d | 128 + %d | %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.0f | %.0f | %.1f | %llu |\n",
+                  row.heads, row.extra, row.extra ? std::to_string(row.page).c_str() : "-", b, best, r.call[0],
                   r.plan, r.plan_call, row.flashmla[bi], row.flashmla[bi] / best, flops / best * 1e-6,
                   bytes / best * 1e-3, roof, r.nans);
       std::fflush(stdout);
@@ -418,9 +407,9 @@ int main(int argc, char** argv) {
     const Result r = measure(pr, s);
     const double n = 640.0, flops = 2.0 * 64 * n * 1024.0 * 4096, bytes = n * 584.0 * 4096;
     const double best = r.call[dsv4::cuda::attention_variant()];
-    std::printf("\nprefill T=4096 H=64 N=128+512 page 64: call %.1f us (v2 %.1f, v1 %.1f, v0 %.1f), plan %.1f us, plan+call %.1f us, "
+    std::printf("\nprefill T=4096 H=64 N=128+512 page 64: call %.1f us (mma.sync %.1f), plan %.1f us, plan+call %.1f us, "
                 "%.0f TFLOP/s, %.0f GB/s, roofline %.1f us, NaN %llu\n",
-                best, r.call[2], r.call[1], r.call[0], r.plan, r.plan_call, flops / best * 1e-6, bytes / best * 1e-3,
+                best, r.call[0], r.plan, r.plan_call, flops / best * 1e-6, bytes / best * 1e-3,
                 std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6, r.nans);
     free_problem(pr);
   }

@@ -8,8 +8,9 @@
 //                          x head blocks x tiles of 64 entries) evenly over the
 //                          GPU's multiprocessors, reading the lengths on the
 //                          device. Shared by every layer of that type.
-//   run(p, stream, slot)   one kernel per layer: attention, plus the merge of
-//                          rows that were split across multiprocessors.
+//   run(p, stream, slot)   two kernels per layer: attention, then the combine
+//                          of rows that were split across multiprocessors
+//                          (launched to overlap the attention kernel's tail).
 // Both only launch kernels (no allocation, no synchronisation), so a decode
 // step can be captured in a CUDA graph. The object owns all device memory,
 // sized at construction from the limits.
@@ -20,7 +21,7 @@
 // (bad params, a run without a matching plan, sizes beyond the limits) throw
 // Error before anything is launched; CUDA errors are checked after every call
 // and also throw Error. Calls of one object must be ordered on one stream
-// (they share the merge workspace).
+// (they share the partials' workspace).
 #include <cstddef>
 
 #include "attn/sparse_attention.h"

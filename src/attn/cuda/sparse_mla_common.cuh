@@ -46,11 +46,6 @@ __device__ __forceinline__ uint32_t chunk_off(int row, int c) {
   return uint32_t((c >> 3) * kPlane + row * 128 + (((c & 7) ^ (row & 7)) << 4));
 }
 
-// Named barrier of the 256 threads that own the accumulators (all of
-// variants 0 and 1, the two consumer groups of variant 2); 0 is __syncthreads.
-constexpr uint32_t kBarConsumers = 1;
-constexpr int kConsumerThreads = 256;
-
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -181,14 +176,12 @@ __device__ __forceinline__ void dequantize(uint8_t* smem, int raw_slot) {
   }
 }
 
-// Q of a unit into the plane layout at smem + kOffQ, by kN threads (tid < kN).
-template <int kN = kThreads>
-__device__ __forceinline__ void load_q_async(const AttnParams& p, uint8_t* smem, int unit, int tid = threadIdx.x) {
+__device__ __forceinline__ void load_q_async(const AttnParams& p, uint8_t* smem, int unit) {
   const int t = unit / p.head_blocks, hb = unit - t * p.head_blocks;
   const uint32_t qs = smem_u32(smem + kOffQ);
 #pragma unroll 4
-  for (int i = 0; i < (kHeadBlock * 64) / kN; ++i) {
-    const int chunk = tid + i * kN;
+  for (int i = 0; i < (kHeadBlock * 64) / kThreads; ++i) {
+    const int chunk = threadIdx.x + i * kThreads;
     const int row = chunk >> 6, c = chunk & 63;
     const int head = hb * kHeadBlock + row;
     const bool valid = head < p.num_heads;  // padded heads read as zeros
@@ -215,11 +208,10 @@ __device__ __forceinline__ void stage_pair(uint8_t* stage, int row, int col, uin
   *reinterpret_cast<uint32_t*>(stage + off) = v;
 }
 
-// Copies rows [0, heff) of the stage to out (rows 512 elements apart), by kN threads (tid < kN).
-template <int kN>
-__device__ __forceinline__ void copy_out_stage(const uint8_t* stage, uint16_t* out, int heff, int tid) {
+// Copies rows [0, heff) of the stage to out (rows 512 elements apart).
+__device__ __forceinline__ void copy_out_stage(const uint8_t* stage, uint16_t* out, int heff) {
 #pragma unroll 4
-  for (int i = tid; i < heff * 64; i += kN) {
+  for (int i = threadIdx.x; i < heff * 64; i += kThreads) {
     const int row = i >> 6, c = i & 63;
     const uint4 v = *reinterpret_cast<const uint4*>(stage + row * 1024 + ((c ^ (row & 7)) << 4));
     *reinterpret_cast<uint4*>(out + row * 512 + c * 8) = v;

@@ -1,13 +1,14 @@
 #pragma once
-// Internals shared by the host side (sparse_attention_cuda.cu), the plan
-// kernel and the attention kernel. Not part of the public API.
+// Internals shared by the host side (sparse_attention_cuda.cu), the plan,
+// attention and combine kernels. Not part of the public API.
 //
 // Work decomposition. A "unit" is one (token, block of 64 heads); unit
 // u = token * head_blocks + head_block. A unit's attended set (its SWA list,
 // then its extra list) is cut into tiles of 64 entries; an empty unit still
 // counts one tile so that it writes its zero output and -inf lse. The plan
 // numbers all tiles of all units consecutively and gives CTA c the tiles
-// [c * per, (c + 1) * per), per = ceil(total / grid). A unit that falls
+// [c * per, (c + 1) * per), per = ceil(total / grid) or more (or whole units
+// per CTA; see sparse_mla_plan.cu). A unit that falls
 // wholly inside one CTA's range is finished by that CTA; a unit cut by range
 // boundaries ("split") gets one fp32 partial per CTA that touches it, and a
 // second kernel, the combine (sparse_mla_combine.cu), merges them. Each CTA
@@ -70,7 +71,7 @@ struct AttnParams {
   int debug_flags;  // kDebug* below
 };
 
-inline constexpr int kDebugSlots = 16;     // debug_clock entries per CTA
+inline constexpr int kDebugSlots = 4;      // debug_clock entries per CTA: start, tile 0 in, tile 0 dequantized, loop end
 inline constexpr int kDebugNoLoads = 1;    // gathers read nothing (zero-filled records)
 inline constexpr int kDebugNoCompute = 2;  // skip Q K^T, softmax and P V
 inline constexpr int kDebugNoStore = 4;    // skip the dequantization into K

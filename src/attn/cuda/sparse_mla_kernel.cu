@@ -12,9 +12,10 @@
 //  4. online softmax with the sink; the next gathers are issued;
 //  5. O += P V (wgmma).
 // Variant 0 does steps 3-5 with mma.sync and ldmatrix; it is tested and
-// slower today (docs/perf-notes.md); attention_variant() selects. (A third
-// variant that double-buffered K with register-staged gathers was slower on
-// every row and was removed; perf notes, runs 5-6.)
+// slower today (docs/perf-notes.md); attention_variant() selects. (Two
+// pipelined designs were slower on every row and were removed: K double-
+// buffered with register-staged gathers, perf notes runs 5-6, and a
+// warp-specialized producer warpgroup, runs 10-12.)
 // Units cut by CTA-range boundaries leave fp32 partials for the combine
 // kernel (sparse_mla_combine.cu), which every CTA lets start early
 // (programmatic dependent launch). Production numerics (SPEC §5): q.k with bf16
@@ -22,7 +23,6 @@
 // bf16 for P.V while the row sum adds the fp32 values; output rounded to bf16.
 #include "attn/cuda/sparse_mla_common.cuh"
 #include "attn/cuda/sparse_mla_tiles.cuh"
-#include "attn/cuda/sparse_mla_ws.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -43,37 +43,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const __grid_co
   stamp(p, 3);
 }
 
-// Variant 2 (sparse_mla_ws.cuh): producer and consumer warpgroups.
-__global__ void __launch_bounds__(ws::kThreadsWs, 1) sparse_mla_ws_kernel(const __grid_constant__ AttnParams p) {
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  wait_for_prior_grids();
-  launch_dependents();
-  const int4 work = __ldg(p.plan.cta_work + blockIdx.x);  // {first tile, end tile, first unit, per}
-  if (work.x >= work.y) return;
-  stamp(p, 0);
-  const uint32_t sbase = smem_u32(smem);
-  if (threadIdx.x == 0) {
-    for (int b = 0; b < 2; ++b) {
-      mbar_init(ws::full_bar(sbase, b), ws::kProducerThreads);  // every producer thread
-      mbar_init(ws::empty_bar(sbase, b), 8);   // one lane of each consumer warp
-    }
-    mbar_fence_init();
-  }
-  __syncthreads();
-  if (threadIdx.x >= 256) {
-    reg_dealloc<ws::kRegsProducer>();
-    ws::produce(p, smem, work.x, work.y, work.z);
-    return;
-  }
-  reg_alloc<ws::kRegsConsumer>();
-  ws::consume(p, smem, work.x, work.y, work.z);
-  stamp(p, 3);
-}
-
 }  // namespace
 
-size_t attention_smem_bytes() { return kSmemBytes > ws::kSmemBytesWs ? kSmemBytes : ws::kSmemBytesWs; }
+size_t attention_smem_bytes() { return kSmemBytes; }
 
 AttentionDebug& attention_debug() {
   static AttentionDebug d;
@@ -87,16 +59,11 @@ int& attention_variant() {
 
 int prepare_attention_kernel() {
   int blocks = 1 << 30;
-  struct Kernel {
-    void (*fn)(AttnParams);
-    int threads, smem;
-  };
-  for (const Kernel& k : {Kernel{&sparse_mla_kernel<1>, kThreads, kSmemBytes}, Kernel{&sparse_mla_kernel<0>, kThreads, kSmemBytes},
-                          Kernel{&sparse_mla_ws_kernel, ws::kThreadsWs, ws::kSmemBytesWs}}) {
-    cudaError_t e = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
+  for (auto* k : {&sparse_mla_kernel<1>, &sparse_mla_kernel<0>}) {
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (e != cudaSuccess) return -int(e);
     int b = 0;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k.fn, k.threads, k.smem);
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, kThreads, kSmemBytes);
     if (e != cudaSuccess) return -int(e);
     blocks = b < blocks ? b : blocks;
   }
@@ -115,15 +82,9 @@ void launch_attention(const AttnParams& p, cudaStream_t stream) {
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  if (attention_variant() == 2) {
-    cfg.blockDim = dim3(ws::kThreadsWs);
-    cfg.dynamicSmemBytes = ws::kSmemBytesWs;
-    cudaLaunchKernelEx(&cfg, sparse_mla_ws_kernel, p);
-  } else {
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = kSmemBytes;
-    cudaLaunchKernelEx(&cfg, attention_variant() == 0 ? sparse_mla_kernel<0> : sparse_mla_kernel<1>, p);
-  }
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cudaLaunchKernelEx(&cfg, attention_variant() == 0 ? sparse_mla_kernel<0> : sparse_mla_kernel<1>, p);
 }
 
 }  // namespace dsv4::cuda

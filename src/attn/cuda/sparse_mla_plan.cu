@@ -32,10 +32,11 @@ __device__ __forceinline__ int unit_tiles(int swa_len, int extra_len) {
   return n > 0 ? n : 1;
 }
 
-// What splitting costs, in tiles: writing the partials and the combine kernel
-// (about 3 us at small batch, where a tile takes 4-5 us: docs/perf-notes.md,
-// run 13), plus imbalance.
-__device__ __forceinline__ int split_penalty(int per) { return 1 + per / 16; }
+// What splitting costs, in tiles: the combine kernel (about 3 us, where a
+// tile takes 4-5 us), imbalance, and the partials' traffic, which grows with
+// the number of split units (each writes and reads 2 x 128 KB per CTA it
+// spans; docs/perf-notes.md, runs 13-14).
+__device__ __forceinline__ int split_penalty(int per, int split_units) { return 1 + per / 16 + split_units / 16; }
 
 // At most this many CTAs share one unit: the combine merges every float4 of
 // a split row over all its partials in one thread (sparse_mla_combine.cu).
@@ -43,14 +44,14 @@ constexpr int kMaxPartials = 64;
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ AttnParams p) {
   __shared__ int warp_sums[kPlanThreads / 32];
-  __shared__ int s_total, s_makespan, s_splits, s_longest;
+  __shared__ int s_total, s_makespan, s_splits, s_longest, s_cut;
   __shared__ int load[kMaxGrid];  // tiles per CTA with whole units
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int units = p.num_tokens * p.head_blocks;
   const int chunk = (units + kPlanThreads - 1) / kPlanThreads;
   const int u_begin = min(units, tid * chunk), u_end = min(units, u_begin + chunk);
   for (int c = tid; c < p.grid; c += kPlanThreads) load[c] = 0;
-  if (tid == 0) s_makespan = s_longest = 0;
+  if (tid == 0) s_makespan = s_longest = s_cut = 0;
 
   int sum = 0, longest = 0;
   for (int u = u_begin; u < u_end; ++u) {
@@ -98,12 +99,13 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
     const int tiles = unit_tiles(ls, le);
     p.plan.unit_info[u] = make_int4(start, ls, le, 0);
     atomicAdd(&load[whole_cta(start)], tiles);
+    if (start / per != (start + tiles - 1) / per) atomicAdd(&s_cut, 1);  // split by the even split
     start += tiles;
   }
   __syncthreads();
   for (int c = tid; c < p.grid; c += kPlanThreads) atomicMax(&s_makespan, load[c]);
   __syncthreads();
-  const bool whole_units = s_makespan < per + split_penalty(per);
+  const bool whole_units = s_makespan < per + split_penalty(per, s_cut);
 
   // Idle CTAs first (overwritten below for CTAs that get work).
   for (int c = tid; c < p.grid; c += kPlanThreads) p.plan.cta_work[c] = make_int4(total, total, 0, per);

@@ -383,7 +383,7 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
         if (lse != nullptr) lse[ro] = l > 0.0f ? m * kLn2 + logf(l) : -INFINITY;
       }
       sync_all();
-      copy_out_stage<kThreads>(stage, p.out + (int64_t(t) * p.num_heads + hb * kHeadBlock) * 512, heff, tid);
+      copy_out_stage(stage, p.out + (int64_t(t) * p.num_heads + hb * kHeadBlock) * 512, heff);
     } else {
       float* ob = p.partial_o + (int64_t(cta * 2 + pslot) * 64 + row_base) * 512 + col_base;
       float2* ml = writes_row_stats ? p.partial_ml + (cta * 2 + pslot) * 64 + row_base : nullptr;
