@@ -221,6 +221,37 @@ TEST_P(SparseAttentionCudaTest, GraphCaptureReplayMatchesEagerBitwise) {
   EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
 }
 
+// A plain kernel queued right after run() must see the finished output:
+// both of run()'s kernels are launched to overlap their predecessor, and
+// the stream order after them must still hold (with and without split rows).
+__global__ void copy_words(const uint32_t* src, uint32_t* dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) dst[i] = src[i];
+}
+
+TEST_P(SparseAttentionCudaTest, KernelAfterRunSeesTheOutput) {
+  for (const int extra : {0, 8192}) {  // whole units only / rows split over many CTAs
+    const HostCase hc = make_case({.tokens = extra ? 2 : 200, .heads = 64, .extra_width = extra, .extra_page = 2, .seed = 41});
+    DeviceCase dc(hc);
+    SparseAttentionCuda attn({hc.spec.tokens, 64, 1});
+    uint32_t* copy = nullptr;
+    const size_t words = dc.out_elems / 2;
+    DSV4_CUDA_OK(cudaMalloc(&copy, words * 4));
+    for (int rep = 0; rep < 3; ++rep) {
+      dc.poison(nullptr);
+      attn.plan(dc.p, nullptr);
+      attn.run(dc.p, nullptr);
+      copy_words<<<264, 256>>>(reinterpret_cast<const uint32_t*>(dc.p.out), copy, words);
+      DSV4_CUDA_OK(cudaDeviceSynchronize());
+      std::vector<uint16_t> out, copied(dc.out_elems);
+      std::vector<float> lse;
+      dc.download(out, lse);
+      DSV4_CUDA_OK(cudaMemcpy(copied.data(), copy, words * 4, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(std::memcmp(out.data(), copied.data(), out.size() * 2), 0) << "extra " << extra << ", rep " << rep;
+    }
+    cudaFree(copy);
+  }
+}
+
 TEST_P(SparseAttentionCudaTest, RepeatedRunsWithOnePlanAreBitwiseEqual) {
   // Many split units, merged by the combine kernel each call: any race or
   // order dependence in the merge would show as a difference.

@@ -11,10 +11,10 @@
 // whole GPU whether there are many split units with few partials each (large
 // batches) or one unit with many (batch 1, long rows; the plan caps the
 // partials per unit at kMaxPartials). It is launched with programmatic
-// dependent launch right behind the attention kernel: it reads the plan's
-// count of split units (written before the attention kernel started), exits
-// at once when there are none, and otherwise waits for the attention
-// kernel's partials.
+// dependent launch right behind the attention kernel, so its CTAs are set up
+// while that kernel runs; they wait for it (always: completing this grid
+// must mean the attention kernel completed too) and exit at once when the
+// plan listed no split unit.
 #include "attn/cuda/sparse_mla_common.cuh"
 
 namespace dsv4::cuda {
@@ -27,9 +27,11 @@ constexpr int kCombineCtasPerSm = 8;
 
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_constant__ AttnParams p) {
   launch_dependents();  // the next call's attention kernel may set up its CTAs meanwhile
+  // Always wait, even with nothing to merge: this grid's completion must
+  // imply the attention kernel's, for whatever follows in the stream.
+  wait_for_prior_grids();
   const int count = *p.plan.split_count;
   if (count == 0) return;
-  wait_for_prior_grids();
   const int per = __ldg(&p.plan.cta_work[0]).w;
   constexpr int kRowF4 = 128;  // float4 per 512-dim row
   const int items = count * kHeadBlock * kRowF4;

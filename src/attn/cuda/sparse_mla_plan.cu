@@ -35,7 +35,7 @@ __device__ __forceinline__ int unit_tiles(int swa_len, int extra_len) {
 // What splitting costs, in tiles: the combine kernel (about 3 us, where a
 // tile takes 4-5 us), imbalance, and the partials' traffic, which grows with
 // the number of split units (each writes and reads 2 x 128 KB per CTA it
-// spans; docs/perf-notes.md, runs 13-14).
+// spans; docs/perf-notes.md, runs 14-15).
 __device__ __forceinline__ int split_penalty(int per, int split_units) { return 1 + per / 16 + split_units / 16; }
 
 // At most this many CTAs share one unit: the combine merges every float4 of
