@@ -73,16 +73,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
 }  // namespace
 
 void launch_combine(const AttnParams& p, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(kCombineCtasPerSm * p.grid));
-  cfg.blockDim = dim3(kCombineThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, combine_kernel, p);
+  launch_overlapped(combine_kernel, kCombineCtasPerSm * p.grid, kCombineThreads, 0, stream, p);
 }
 
 }  // namespace dsv4::cuda

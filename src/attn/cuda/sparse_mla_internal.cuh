@@ -81,6 +81,26 @@ struct AttentionDebug {
   int flags = 0;
 };
 
+// Launches kernel(p) with programmatic dependent launch allowed: its CTAs may
+// start while the previous kernel in the stream still runs, so the kernel
+// must execute griddepcontrol.wait before touching anything that kernel
+// writes (and lets its own dependents start with launch_dependents).
+template <typename Kernel>
+inline void launch_overlapped(Kernel kernel, int grid, int threads, size_t smem, cudaStream_t stream,
+                              const AttnParams& p) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, kernel, p);  // errors surface in the caller's cudaGetLastError()
+}
+
 // Bytes of dynamic shared memory the attention kernel needs.
 size_t attention_smem_bytes();
 // Raises the kernel's dynamic shared-memory limit; returns CTAs per SM.

@@ -74,17 +74,8 @@ int prepare_attention_kernel() {
 // previous kernel of the stream (the last call's combine, or the plan)
 // finishes; each waits for it before reading anything.
 void launch_attention(const AttnParams& p, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(p.grid));
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmemBytes;
-  cudaLaunchKernelEx(&cfg, attention_variant() == 0 ? sparse_mla_kernel<0> : sparse_mla_kernel<1>, p);
+  launch_overlapped(attention_variant() == 0 ? sparse_mla_kernel<0> : sparse_mla_kernel<1>, p.grid, kThreads, kSmemBytes,
+                    stream, p);
 }
 
 }  // namespace dsv4::cuda
