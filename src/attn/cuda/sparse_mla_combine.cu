@@ -3,8 +3,9 @@
 // participating CTA, with O_i and l_i relative to 2^m_i (log2 units). Per head
 // row the combine forms M = max m_i, w_i = 2^(m_i - M), L = sum w_i l_i and
 //   o = sum w_i O_i / (L + 2^(sink log2 e - M)),   lse = M ln 2 + ln L,
-// summing the partials in a fixed order, so the result does not depend on
-// timing (SPEC §4.6, numerics as the attention kernel's).
+// in one pass over the partials in a fixed order (rescaling the running sums
+// when the maximum grows, as the attention kernel does over tiles), so the
+// result does not depend on timing (SPEC §4.6).
 //
 // Each thread merges one float4 of one head row of one split unit (all
 // partials of that float4, loaded together), so the work spreads over the
@@ -44,22 +45,22 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
     const int c_first = start / per, n_part = (end - 1) / per - c_first + 1;
     const int first_slot = c_first * per >= start ? 0 : 1;  // the first CTA's partial is its slot 1 when the unit starts inside its range
     auto partial = [&](int i) { return (c_first + i) * 2 + (i == 0 ? first_slot : 0); };
-    // The row's statistics are read by its 128 threads alike: cached loads.
-    float m = -INFINITY;
-    for (int i = 0; i < n_part; ++i) m = fmaxf(m, __ldg(p.partial_ml + partial(i) * 64 + h).x);
-    const float base = m == -INFINITY ? 0.0f : m;  // nothing attended anywhere: every weight is 0
-    float l = 0.0f;
+    // One pass, partials in a fixed order, rescaling as the maximum grows
+    // (the loads do not depend on the running state, so they are all in
+    // flight together). The row's statistics are read by its 128 threads
+    // alike: cached loads.
+    float m = -INFINITY, l = 0.0f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 8
     for (int i = 0; i < n_part; ++i) {
       const float2 ml = __ldg(p.partial_ml + partial(i) * 64 + h);
       const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial_o + (int64_t(partial(i)) * 64 + h) * 512) + f);
-      const float w = fast_exp2(ml.x - base);
-      l += ml.y * w;
-      o.x += w * v.x;
-      o.y += w * v.y;
-      o.z += w * v.z;
-      o.w += w * v.w;
+      const float mn = fmaxf(m, ml.x);
+      const float base = mn == -INFINITY ? 0.0f : mn;  // nothing attended so far: every weight is 0
+      const float a = fast_exp2(m - base), w = fast_exp2(ml.x - base);
+      l = l * a + ml.y * w;
+      o = make_float4(o.x * a + w * v.x, o.y * a + w * v.y, o.z * a + w * v.z, o.w * a + w * v.w);
+      m = mn;
     }
     // m = -inf: exp2(+inf) = inf, inv = 0, o = 0.
     const float inv = 1.0f / (l + fast_exp2(p.sink[hb * kHeadBlock + h] * kLog2e - m));
