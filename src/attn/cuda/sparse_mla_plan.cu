@@ -60,7 +60,6 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
     sum += tiles;
     longest = max(longest, tiles);
   }
-  atomicMax(&s_longest, longest);
   // Block-wide exclusive scan of the per-thread sums.
   int incl = sum;
 #pragma unroll
@@ -70,6 +69,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
   }
   if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();
+  atomicMax(&s_longest, longest);  // after the barrier that orders thread 0's initialisation; read after the next
   if (warp == 0) {
     int v = warp_sums[lane];
 #pragma unroll
