@@ -256,13 +256,12 @@ Result measure(Problem& pr, cudaStream_t s) {
   dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
   Result r{};
   attn.plan(pr.p, s);
-  // [1] wgmma with staged gathers, [0] mma.sync.
-  const int def = dsv4::cuda::attention_variant();
+  // [1] wgmma with staged gathers (the default), [0] mma.sync.
   for (int v = 0; v < 2; ++v) {
     dsv4::cuda::attention_variant() = v;
     r.call[v] = time_graph(s, [&] { attn.run(pr.p, s); });
   }
-  dsv4::cuda::attention_variant() = def;
+  dsv4::cuda::attention_variant() = 1;
   r.plan = time_graph(s, [&] { attn.plan(pr.p, s); });
   r.plan_call = time_graph(s, [&] {
     attn.plan(pr.p, s);
@@ -284,9 +283,8 @@ Result measure(Problem& pr, cudaStream_t s) {
 // --diag: where the time of one call goes. Per-call times of the mma.sync
 // fallback and of the wgmma kernel with parts of the work switched off, and
 // %globaltimer stamps of every CTA (ns from the earliest CTA start): tile 0
-// landed, tile 0 dequantized (variant 2: Q K^T of tile 0 done), loop end.
+// landed, tile 0 dequantized, loop end.
 void diagnose(cudaStream_t s) {
-  const int diag_variant = dsv4::cuda::attention_variant();
   struct Cfg {
     int b, heads, extra, page;
   };
@@ -305,7 +303,7 @@ void diagnose(cudaStream_t s) {
       dsv4::cuda::attention_variant() = v;
       std::printf(" %.1f |", time_graph(s, [&] { attn.run(pr.p, s); }, 15));
     }
-    dsv4::cuda::attention_variant() = diag_variant;
+    dsv4::cuda::attention_variant() = 1;
     for (int f : flag_sets) {
       dsv4::cuda::attention_debug().flags = f;
       std::printf(" %.1f |", time_graph(s, [&] { attn.run(pr.p, s); }, 15));
@@ -391,7 +389,7 @@ int main(int argc, char** argv) {
       const Result r = measure(pr, s);
       const double n = 128.0 + row.extra;
       const double flops = 2.0 * row.heads * n * 1024.0 * b, bytes = n * 584.0 * b;
-      const double best = r.call[dsv4::cuda::attention_variant()];
+      const double best = r.call[1];
       const double roof = std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6;
       std::printf("| %d | 128 + %d | %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.0f | %.0f | %.1f | %llu |\n",
                   row.heads, row.extra, row.extra ? std::to_string(row.page).c_str() : "-", b, best, r.call[0],
@@ -406,7 +404,7 @@ int main(int argc, char** argv) {
     Problem pr = make_problem(4096, 64, 512, 64, true, 77);
     const Result r = measure(pr, s);
     const double n = 640.0, flops = 2.0 * 64 * n * 1024.0 * 4096, bytes = n * 584.0 * 4096;
-    const double best = r.call[dsv4::cuda::attention_variant()];
+    const double best = r.call[1];
     std::printf("\nprefill T=4096 H=64 N=128+512 page 64: call %.1f us (mma.sync %.1f), plan %.1f us, plan+call %.1f us, "
                 "%.0f TFLOP/s, %.0f GB/s, roofline %.1f us, NaN %llu\n",
                 best, r.call[0], r.plan, r.plan_call, flops / best * 1e-6, bytes / best * 1e-3,
