@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -258,9 +257,8 @@ Result measure(Problem& pr, cudaStream_t s) {
   Result r{};
   attn.plan(pr.p, s);
   // [1] wgmma with staged gathers (the default), [0] mma.sync.
-  static const int alt = std::getenv("DSV4_ALT") ? std::atoi(std::getenv("DSV4_ALT")) : 0;  // EXPERIMENT
   for (int v = 0; v < 2; ++v) {
-    dsv4::cuda::attention_variant() = v == 0 ? alt : v;
+    dsv4::cuda::attention_variant() = v;
     r.call[v] = time_graph(s, [&] { attn.run(pr.p, s); });
   }
   dsv4::cuda::attention_variant() = 1;
@@ -293,7 +291,7 @@ void diagnose(cudaStream_t s) {
   const Cfg cfgs[] = {{1, 64, 0, 0}, {128, 64, 0, 0}, {1, 64, 1024, 2}, {128, 64, 512, 64}, {1, 64, 8192, 2}, {128, 128, 1024, 64}};
   const int flag_sets[] = {0, dsv4::cuda::kDebugNoLoads, dsv4::cuda::kDebugNoStore, dsv4::cuda::kDebugNoCompute,
                            dsv4::cuda::kDebugNoLoads | dsv4::cuda::kDebugNoStore,
-                           dsv4::cuda::kDebugNoLoads | dsv4::cuda::kDebugNoStore | dsv4::cuda::kDebugNoCompute, 8, 16, 8 | 1};
+                           dsv4::cuda::kDebugNoLoads | dsv4::cuda::kDebugNoStore | dsv4::cuda::kDebugNoCompute};
   std::printf("\ndiag: call us with parts switched off (1 no loads, 4 no dequant/stores, 2 no compute)\n");
   std::printf("| b | H | N | mma.sync | default (staged wgmma): flags 0 | 1 | 4 | 2 | 1+4 | 1+2+4 |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Cfg& c : cfgs) {
@@ -305,7 +303,7 @@ void diagnose(cudaStream_t s) {
       dsv4::cuda::attention_variant() = v;
       std::printf(" %.1f |", time_graph(s, [&] { attn.run(pr.p, s); }, 15));
     }
-    dsv4::cuda::attention_variant() = std::getenv("DSV4_ALT") ? std::atoi(std::getenv("DSV4_ALT")) : 1;  // EXPERIMENT
+    dsv4::cuda::attention_variant() = 1;
     for (int f : flag_sets) {
       dsv4::cuda::attention_debug().flags = f;
       std::printf(" %.1f |", time_graph(s, [&] { attn.run(pr.p, s); }, 15));

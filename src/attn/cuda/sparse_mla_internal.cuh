@@ -101,6 +101,8 @@ inline void launch_overlapped(Kernel kernel, int grid, int threads, size_t smem,
   cudaLaunchKernelEx(&cfg, kernel, p);  // errors surface in the caller's cudaGetLastError()
 }
 
+// Bytes of dynamic shared memory the attention kernel needs.
+size_t attention_smem_bytes();
 // Raises the kernel's dynamic shared-memory limit; returns CTAs per SM.
 int prepare_attention_kernel();
 void launch_plan(const AttnParams& p, cudaStream_t stream);

@@ -21,10 +21,7 @@
 // (programmatic dependent launch). Production numerics (SPEC §5): q.k with bf16
 // operands and fp32 accumulation, scale after; exp2 in fp32; P rounded to
 // bf16 for P.V while the row sum adds the fp32 values; output rounded to bf16.
-#include <utility>
-
 #include "attn/cuda/sparse_mla_common.cuh"
-#include "attn/cuda/sparse_mla_halves.cuh"
 #include "attn/cuda/sparse_mla_tiles.cuh"
 
 namespace dsv4::cuda {
@@ -42,22 +39,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const __grid_co
   const int4 work = __ldg(p.plan.cta_work + blockIdx.x);  // {first tile, end tile, first unit, per}
   if (work.x >= work.y) return;
   stamp(p, 0);
-  if constexpr (kVariant == 2) {
-    // Warp-uniform in the compiler's eyes (a shuffle from lane 0), so that the
-    // wgmma of each branch are not treated as divergent and serialized.
-    if (__shfl_sync(0xffffffffu, threadIdx.x / 128, 0) == 0)
-      halves::attention_tiles<0>(p, smem, work.x, work.y, work.z);
-    else
-      halves::attention_tiles<1>(p, smem, work.x, work.y, work.z);
-  } else {
-    attention_tiles<kVariant == 1>(p, smem, work.x, work.y, work.z);
-  }
+  attention_tiles<kVariant == 1>(p, smem, work.x, work.y, work.z);
   stamp(p, 3);
 }
 
 }  // namespace
 
-constexpr size_t smem_bytes(int variant) { return variant == 2 ? halves::kSmemBytes : kSmemBytes; }
+size_t attention_smem_bytes() { return kSmemBytes; }
 
 AttentionDebug& attention_debug() {
   static AttentionDebug d;
@@ -71,13 +59,11 @@ int& attention_variant() {
 
 int prepare_attention_kernel() {
   int blocks = 1 << 30;
-  const std::pair<void (*)(AttnParams), int> kernels[] = {
-      {&sparse_mla_kernel<1>, 1}, {&sparse_mla_kernel<0>, 0}, {&sparse_mla_kernel<2>, 2}};
-  for (auto [k, v] : kernels) {
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(v));
+  for (auto* k : {&sparse_mla_kernel<1>, &sparse_mla_kernel<0>}) {
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (e != cudaSuccess) return -int(e);
     int b = 0;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, kThreads, smem_bytes(v));
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, kThreads, kSmemBytes);
     if (e != cudaSuccess) return -int(e);
     blocks = b < blocks ? b : blocks;
   }
@@ -88,9 +74,8 @@ int prepare_attention_kernel() {
 // previous kernel of the stream (the last call's combine, or the plan)
 // finishes; each waits for it before reading anything.
 void launch_attention(const AttnParams& p, cudaStream_t stream) {
-  const int v = attention_variant();
-  launch_overlapped(v == 0 ? sparse_mla_kernel<0> : v == 2 ? sparse_mla_kernel<2> : sparse_mla_kernel<1>, p.grid,
-                    kThreads, smem_bytes(v), stream, p);
+  launch_overlapped(attention_variant() == 0 ? sparse_mla_kernel<0> : sparse_mla_kernel<1>, p.grid, kThreads, kSmemBytes,
+                    stream, p);
 }
 
 }  // namespace dsv4::cuda
