@@ -138,7 +138,7 @@ SparseAttentionCuda::SparseAttentionCuda(const SparseAttentionCudaLimits& limits
       s.view.unit_info = impl_->alloc<int4>(units + 1);
       s.view.cta_work = impl_->alloc<int4>(g);
       s.view.split_units = impl_->alloc<int>(size_t(g));
-      s.view.split_count = impl_->alloc<int>(1);
+      s.view.split_count = impl_->alloc<int>(2);
     }
   } catch (...) {
     delete impl_;

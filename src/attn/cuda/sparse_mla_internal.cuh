@@ -45,7 +45,7 @@ struct PlanView {
   int4* unit_info;    // [units + 1]: {first tile, swa length, extra length, 0}; [units].x = total tiles
   int4* cta_work;     // [grid]: {first tile, end tile, first unit, tiles per CTA}
   int* split_units;   // [grid]: the units cut by CTA-range boundaries (any order)
-  int* split_count;   // [1]: how many
+  int* split_count;   // [2]: how many; the most partials (CTAs) of one of them
 };
 
 struct AttnParams {

@@ -39,12 +39,12 @@ __device__ __forceinline__ int unit_tiles(int swa_len, int extra_len) {
 __device__ __forceinline__ int split_penalty(int per, int split_units) { return 1 + per / 16 + split_units / 16; }
 
 // At most this many CTAs share one unit: the combine merges every float4 of
-// a split row over all its partials in one thread (sparse_mla_combine.cu).
+// a split row over all its partials in at most 8 threads (sparse_mla_combine.cu).
 constexpr int kMaxPartials = 64;
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ AttnParams p) {
   __shared__ int warp_sums[kPlanThreads / 32];
-  __shared__ int s_total, s_makespan, s_splits, s_longest, s_cut;
+  __shared__ int s_total, s_makespan, s_splits, s_longest, s_cut, s_parts;
   __shared__ int load[kMaxGrid];  // tiles per CTA with whole units
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int units = p.num_tokens * p.head_blocks;
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
 
   // Idle CTAs first (overwritten below for CTAs that get work).
   for (int c = tid; c < p.grid; c += kPlanThreads) p.plan.cta_work[c] = make_int4(total, total, 0, per);
-  if (tid == 0) s_splits = 0;
+  if (tid == 0) s_splits = s_parts = 0;
   __syncthreads();
   start = offset;
   for (int u = u_begin; u < u_end; ++u) {
@@ -126,12 +126,18 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
     } else {
       for (int c = (start + per - 1) / per; c * per < end && c < p.grid; ++c)
         p.plan.cta_work[c] = make_int4(c * per, min(c * per + per, total), u, per);
-      if (start / per != (end - 1) / per) p.plan.split_units[atomicAdd(&s_splits, 1)] = u;  // < grid: one per boundary
+      if (start / per != (end - 1) / per) {
+        p.plan.split_units[atomicAdd(&s_splits, 1)] = u;  // < grid: one per boundary
+        atomicMax(&s_parts, (end - 1) / per - start / per + 1);
+      }
     }
     start = end;
   }
   __syncthreads();
-  if (tid == 0) *p.plan.split_count = s_splits;
+  if (tid == 0) {
+    p.plan.split_count[0] = s_splits;
+    p.plan.split_count[1] = s_parts;
+  }
 }
 
 }  // namespace
