@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -257,8 +258,9 @@ Result measure(Problem& pr, cudaStream_t s) {
   Result r{};
   attn.plan(pr.p, s);
   // [1] wgmma with staged gathers (the default), [0] mma.sync.
+  static const int alt = std::getenv("DSV4_ALT") ? std::atoi(std::getenv("DSV4_ALT")) : 0;  // EXPERIMENT
   for (int v = 0; v < 2; ++v) {
-    dsv4::cuda::attention_variant() = v;
+    dsv4::cuda::attention_variant() = v == 0 ? alt : v;
     r.call[v] = time_graph(s, [&] { attn.run(pr.p, s); });
   }
   dsv4::cuda::attention_variant() = 1;
@@ -304,6 +306,14 @@ void diagnose(cudaStream_t s) {
       std::printf(" %.1f |", time_graph(s, [&] { attn.run(pr.p, s); }, 15));
     }
     dsv4::cuda::attention_variant() = 1;
+    if (std::getenv("DSV4_ALT")) {  // EXPERIMENT
+      dsv4::cuda::attention_variant() = std::atoi(std::getenv("DSV4_ALT"));
+      for (int f : {0, 8, 16, 32, 8 | 16 | 32}) {
+        dsv4::cuda::attention_debug().flags = f;
+        std::printf(" f%d %.1f |", f, time_graph(s, [&] { attn.run(pr.p, s); }, 15));
+      }
+      dsv4::cuda::attention_variant() = 1;
+    }
     for (int f : flag_sets) {
       dsv4::cuda::attention_debug().flags = f;
       std::printf(" %.1f |", time_graph(s, [&] { attn.run(pr.p, s); }, 15));
@@ -315,6 +325,7 @@ void diagnose(cudaStream_t s) {
     constexpr int kS = dsv4::cuda::kDebugSlots;
     CHECK(cudaMalloc(&d, size_t(g) * kS * 8));
     std::vector<unsigned long long> h(size_t(g) * kS);
+    if (std::getenv("DSV4_ALT")) dsv4::cuda::attention_variant() = std::atoi(std::getenv("DSV4_ALT"));  // EXPERIMENT
     for (int rep = 0; rep < 2; ++rep) {  // the second call is the warm one
       CHECK(cudaMemsetAsync(d, 0, size_t(g) * kS * 8, s));
       dsv4::cuda::attention_debug().clock = d;
@@ -323,6 +334,7 @@ void diagnose(cudaStream_t s) {
       CHECK(cudaStreamSynchronize(s));
     }
     CHECK(cudaMemcpy(h.data(), d, h.size() * 8, cudaMemcpyDeviceToHost));
+    dsv4::cuda::attention_variant() = 1;
     cudaFree(d);
     unsigned long long t0 = ~0ull, tend = 0;
     int active = 0;
@@ -339,6 +351,12 @@ void diagnose(cudaStream_t s) {
     std::printf("    stamps (mean ns over %d CTAs): start %.0f, tile 0 in %.0f, tile 0 dequantized %.0f, loop end %.0f "
                 "(max %llu)\n",
                 active, sum[0], sum[1], sum[2], sum[3], tend - t0);
+    if (std::getenv("DSV4_ALT")) {  // EXPERIMENT: pipe waits (slot 1 consumers on full, slot 2 producer on empty)
+      double wf = 0, we = 0;
+      for (int c2 = 0; c2 < g; ++c2)
+        if (h[size_t(c2) * kS]) wf += double(h[size_t(c2) * kS + 1]) / active, we += double(h[size_t(c2) * kS + 2]) / active;
+      std::printf("    pipe waits (mean ns per CTA): consumers on full %.0f, producer on empty %.0f\n", wf, we);
+    }
     free_problem(pr);
   }
 }
@@ -363,6 +381,7 @@ int main(int argc, char** argv) {
     Problem pr = make_problem(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), false, 99);
     dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
     attn.plan(pr.p, s);
+    if (std::getenv("DSV4_ALT")) dsv4::cuda::attention_variant() = std::atoi(std::getenv("DSV4_ALT"));  // EXPERIMENT
     for (int i = 0; i < 3; ++i) attn.run(pr.p, s);
     CHECK(cudaStreamSynchronize(s));
     free_problem(pr);

@@ -364,9 +364,9 @@ TEST_P(SparseAttentionCudaTest, BadCallsThrowBeforeLaunching) {
   DSV4_CUDA_OK(cudaDeviceSynchronize());
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, SparseAttentionCudaTest, ::testing::Values(1, 0),
+INSTANTIATE_TEST_SUITE_P(Kernels, SparseAttentionCudaTest, ::testing::Values(1, 0, 2),
                          [](const ::testing::TestParamInfo<int>& i) {
-                           return std::string(i.param == 1 ? "wgmma_serial" : "mma_sync");
+                           return std::string(i.param == 1 ? "wgmma_serial" : i.param == 2 ? "pipe" : "mma_sync");
                          });
 
 }  // namespace

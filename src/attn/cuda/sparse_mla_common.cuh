@@ -57,13 +57,18 @@ __device__ __forceinline__ void stamp(const AttnParams& p, int k) {
 
 // Walks the units of a CTA range in order; the next unit's record is loaded
 // one unit ahead.
+// Also tracks the unit's token and head block (u = tok * head_blocks + hb)
+// without a division per step.
 struct UnitWalker {
   const int4* info;
-  int u;
+  int u, tok, hb, head_blocks;
   int4 cur, nxt;
-  __device__ __forceinline__ void start(const int4* inf, int u0) {
-    info = inf;
+  __device__ __forceinline__ void start(const AttnParams& p, int u0) {
+    info = p.plan.unit_info;
     u = u0;
+    head_blocks = p.head_blocks;
+    tok = u0 / head_blocks;
+    hb = u0 - tok * head_blocks;
     cur = __ldg(info + u0);
     nxt = __ldg(info + u0 + 1);
   }
@@ -71,6 +76,10 @@ struct UnitWalker {
   __device__ __forceinline__ int end() const { return nxt.x; }
   __device__ __forceinline__ void advance() {
     ++u;
+    if (++hb == head_blocks) {
+      hb = 0;
+      ++tok;
+    }
     cur = nxt;
     nxt = __ldg(info + u + 1);  // info has units + 1 records; u never passes the last unit
   }
@@ -89,7 +98,7 @@ struct EntryRef {
 
 __device__ __forceinline__ EntryRef fetch_ref(const AttnParams& p, UnitWalker& w, int tile, int e) {
   while (tile >= w.end()) w.advance();
-  const int t = w.u / p.head_blocks;
+  const int t = w.tok;
   const int pos = (tile - w.begin()) * kTileEntries + e;
   const int ls = w.cur.y, le = w.cur.z;
   EntryRef r{-1, -1};
@@ -103,23 +112,34 @@ __device__ __forceinline__ EntryRef fetch_ref(const AttnParams& p, UnitWalker& w
   return r;
 }
 
-// Issues the copies of one entry-quarter into a raw slot. An empty (< 0) or
-// out-of-range slot reads nothing: cp.async with source size 0 writes zeros.
-__device__ __forceinline__ void issue_gather(const AttnParams& p, EntryRef r, uint8_t* smem, int raw_slot,
-                                             int mask_slot) {
-  const int e = threadIdx.x >> 2, q = threadIdx.x & 3;
+// The record and scale bytes of an entry, or null for an empty (< 0) or
+// out-of-range slot, which must read nothing.
+struct RecordPtrs {
   const uint8_t* data = nullptr;
   const uint8_t* scales = nullptr;
+};
+
+__device__ __forceinline__ RecordPtrs record_ptrs(const AttnParams& p, EntryRef r) {
+  RecordPtrs rp;
   if (r.list >= 0 && r.slot >= 0) {
     const CacheView& c = r.list == 0 ? p.swa_cache : p.extra_cache;
     if (int64_t(r.slot) < c.capacity) {
       const uint32_t page = uint32_t(r.slot) / c.entries_per_page;
       const uint32_t off = uint32_t(r.slot) - page * c.entries_per_page;
       const uint8_t* base = c.base + int64_t(page) * c.page_stride;  // 64-bit: pages * stride passes 2^31
-      data = base + size_t(576) * off;
-      scales = base + size_t(576) * c.entries_per_page + size_t(8) * off;
+      rp.data = base + size_t(576) * off;
+      rp.scales = base + size_t(576) * c.entries_per_page + size_t(8) * off;
     }
   }
+  return rp;
+}
+
+// Issues the copies of one entry-quarter into a raw slot. An empty (< 0) or
+// out-of-range slot reads nothing: cp.async with source size 0 writes zeros.
+__device__ __forceinline__ void issue_gather(const AttnParams& p, EntryRef r, uint8_t* smem, int raw_slot,
+                                             int mask_slot) {
+  const int e = threadIdx.x >> 2, q = threadIdx.x & 3;
+  auto [data, scales] = record_ptrs(p, r);
   const bool valid = data != nullptr;
   if (!valid) data = scales = reinterpret_cast<const uint8_t*>(p.q);  // any valid address: nothing is read
   const uint32_t dst = smem_u32(smem + kOffRaw + raw_slot * kRawBytes) + e * 576;
@@ -138,13 +158,21 @@ __device__ __forceinline__ void issue_gather(const AttnParams& p, EntryRef r, ui
 // Thread t handles entry t / 4: fp8 chunks q + 4 j (scale block j) and the
 // bf16 chunks 28 + q + 4 j.
 // ----------------------------------------------------------------------------
-static __device__ __noinline__ void patch_nan_codes(const uint8_t* raw, uint8_t* kbuf, int e, int k) {
+// The slow path for e4m3 NaN codes (never written by the quantizer): the 16
+// codes of v are dims dim0 .. dim0 + 15 of K row e; each NaN code becomes a
+// bf16 NaN, as on the CPU.
+static __device__ __noinline__ void patch_nan_codes(uint4 v, uint8_t* kbuf, int e, int dim0) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
   for (int byte = 0; byte < 16; ++byte) {
-    if ((raw[16 * k + byte] & 0x7f) == 0x7f) {
-      const int dim = 16 * k + byte;
+    if (((w[byte >> 2] >> (8 * (byte & 3))) & 0x7f) == 0x7f) {
+      const int dim = dim0 + byte;
       *reinterpret_cast<uint16_t*>(kbuf + chunk_off(e, dim >> 3) + 2 * (dim & 7)) = 0x7fc0;
     }
   }
+}
+
+__device__ __forceinline__ bool has_nan_codes(uint4 v) {
+  return (e4m3_nan_flags(v.x) | e4m3_nan_flags(v.y) | e4m3_nan_flags(v.z) | e4m3_nan_flags(v.w)) != 0;
 }
 
 __device__ __forceinline__ void dequantize(uint8_t* smem, int raw_slot) {
@@ -166,8 +194,7 @@ __device__ __forceinline__ void dequantize(uint8_t* smem, int raw_slot) {
       dequant_chunk<true>(w, f, o);
     *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k)) = make_uint4(o[0], o[1], o[2], o[3]);
     *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
-    if (e4m3_nan_flags(w[0]) | e4m3_nan_flags(w[1]) | e4m3_nan_flags(w[2]) | e4m3_nan_flags(w[3]))
-      patch_nan_codes(raw, kbuf, e, k);  // NaN codes (never written by the quantizer) decode to NaN
+    if (has_nan_codes(v)) patch_nan_codes(v, kbuf, e, 16 * k);
   }
 #pragma unroll
   for (int j = 0; j < 2; ++j) {  // dims 448..511 are bf16 already: record chunk k is K chunk k + 28

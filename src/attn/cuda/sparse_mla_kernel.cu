@@ -22,6 +22,7 @@
 // operands and fp32 accumulation, scale after; exp2 in fp32; P rounded to
 // bf16 for P.V while the row sum adds the fp32 values; output rounded to bf16.
 #include "attn/cuda/sparse_mla_common.cuh"
+#include "attn/cuda/sparse_mla_pipe.cuh"
 #include "attn/cuda/sparse_mla_tiles.cuh"
 
 namespace dsv4::cuda {
@@ -43,6 +44,18 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const __grid_co
   stamp(p, 3);
 }
 
+__global__ void __launch_bounds__(pipe::kThreadsPipe, 1) sparse_mla_pipe_kernel(const __grid_constant__ AttnParams p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  wait_for_prior_grids();
+  launch_dependents();
+  const int4 work = __ldg(p.plan.cta_work + blockIdx.x);  // {first tile, end tile, first unit, per}
+  if (work.x >= work.y) return;
+  stamp(p, 0);
+  pipe::attention_pipe(p, smem, work.x, work.y, work.z);
+  stamp(p, 3);
+}
+
 }  // namespace
 
 size_t attention_smem_bytes() { return kSmemBytes; }
@@ -59,11 +72,19 @@ int& attention_variant() {
 
 int prepare_attention_kernel() {
   int blocks = 1 << 30;
-  for (auto* k : {&sparse_mla_kernel<1>, &sparse_mla_kernel<0>}) {
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  struct Kernel {
+    void (*fn)(AttnParams);
+    int threads;
+    int smem;
+  };
+  const Kernel kernels[] = {{&sparse_mla_kernel<1>, kThreads, kSmemBytes},
+                            {&sparse_mla_kernel<0>, kThreads, kSmemBytes},
+                            {&sparse_mla_pipe_kernel, pipe::kThreadsPipe, pipe::kSmemBytesPipe}};
+  for (const Kernel& k : kernels) {
+    cudaError_t e = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
     if (e != cudaSuccess) return -int(e);
     int b = 0;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, kThreads, kSmemBytes);
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k.fn, k.threads, k.smem);
     if (e != cudaSuccess) return -int(e);
     blocks = b < blocks ? b : blocks;
   }
@@ -74,8 +95,11 @@ int prepare_attention_kernel() {
 // previous kernel of the stream (the last call's combine, or the plan)
 // finishes; each waits for it before reading anything.
 void launch_attention(const AttnParams& p, cudaStream_t stream) {
-  launch_overlapped(attention_variant() == 0 ? sparse_mla_kernel<0> : sparse_mla_kernel<1>, p.grid, kThreads, kSmemBytes,
-                    stream, p);
+  const int v = attention_variant();
+  if (v == 2)
+    launch_overlapped(sparse_mla_pipe_kernel, p.grid, pipe::kThreadsPipe, pipe::kSmemBytesPipe, stream, p);
+  else
+    launch_overlapped(v == 0 ? sparse_mla_kernel<0> : sparse_mla_kernel<1>, p.grid, kThreads, kSmemBytes, stream, p);
 }
 
 }  // namespace dsv4::cuda

@@ -66,7 +66,7 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
   // cp.async group each (an empty group when the tile does not exist), so
   // that "all but the newest group done" always means "this tile is in".
   UnitWalker gw;  // the gather cursor, two tiles ahead
-  gw.start(p.plan.unit_info, u0);
+  gw.start(p, u0);
   load_q_async(p, smem, u0);
   cp_async_commit();
   issue_gather(p, fetch_ref(p, gw, a, tid >> 2), smem, 0, a & 3);
@@ -82,7 +82,7 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
   float acc[128];
   float m_run[2], l_run[2];
   UnitWalker w;
-  w.start(p.plan.unit_info, u0);
+  w.start(p, u0);
 
   for (int s = 0; s < n; ++s) {
     const int tile = a + s;
@@ -348,8 +348,7 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
       }
     }
     sync_all();
-    const int u = w.u;
-    const int t = u / p.head_blocks, hb = u - t * p.head_blocks;
+    const int u = w.u, t = w.tok, hb = w.hb;
     const int heff = min(kHeadBlock, p.num_heads - hb * kHeadBlock);
     const bool whole = w.begin() >= a && w.end() <= b;
     const int pslot = u == u0 ? 0 : 1;
