@@ -205,6 +205,11 @@ __device__ __forceinline__ void consume(const AttnParams& p, uint8_t* smem, int 
 
   float acc[128];
   float m_run[2], l_run[2];
+  // P V of a tile that does not end a unit is left running into the next
+  // tile (its staging, dequantization and Q K^T); the wait of that Q K^T
+  // completes it too (wgmma groups complete in order), and only then is its
+  // K buffer released to the producer.
+  int release = -1;  // K buffer whose P V is still in flight
   UnitWalker w;
   w.start(p, u0);
 
@@ -253,6 +258,9 @@ __device__ __forceinline__ void consume(const AttnParams& p, uint8_t* smem, int 
       wgmma_wait<0>();
       fence_regs(s_);
       fence_regs(sg);
+      fence_regs(acc);
+      if (release >= 0 && lane == 0) mbar_arrive(empty_bar(sbase, release));  // the previous P V is done
+      release = -1;
 #pragma unroll
       for (int i = 0; i < 16; ++i) s_[i] += sg[i];
     }
@@ -329,13 +337,13 @@ __device__ __forceinline__ void consume(const AttnParams& p, uint8_t* smem, int 
       for (int kk = 0; kk < 4; ++kk)
         wgmma_m64n256k16_tb(acc, dp + ((kk * 32) >> 4), dv + ((kk * 16 * 128) >> 4), kk > 0 || !unit_first);
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(acc);
     }
     if (!unit_last) {
-      if (lane == 0) mbar_arrive(empty_bar(sbase, kb));  // this warp is done with K buffer kb
+      release = kb;
       continue;
     }
+    wgmma_wait<0>();
+    fence_regs(acc);
 
     // ---- end of this CTA's part of the unit --------------------------------
     const float l0 = quad_sum(l_run[0]), l1 = quad_sum(l_run[1]);
