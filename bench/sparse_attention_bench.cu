@@ -7,9 +7,8 @@
 // launch gaps inside a step's graph are counted but the graph launch itself
 // is amortised. Columns:
 //   call      one layer's call: run() = attention kernel + combine kernel
-//             (which exits at once when no row was split), default kernel
-//             (wgmma, staged gathers); this is the number that compares with
-//             FlashMLA's; next to it the mma.sync variant
+//             (which only waits for the attention kernel when no row was
+//             split); this is the number that compares with FlashMLA's
 //   plan      the plan kernel alone (once per step and layer type)
 //   plan+call both, back to back (a step with a single layer of the type)
 // Modes: --quick (batches 1 and 128), --diag (see diagnose), --profile B H EXTRA PAGE
@@ -249,7 +248,7 @@ double time_graph(cudaStream_t s, F body, int replays = 30) {
 }
 
 struct Result {
-  double call[2], plan, plan_call;  // call[v]: kernel variant v (1: the default)
+  double call, plan, plan_call;
   unsigned long long nans;
 };
 
@@ -257,13 +256,7 @@ Result measure(Problem& pr, cudaStream_t s) {
   dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
   Result r{};
   attn.plan(pr.p, s);
-  // [1] wgmma with staged gathers (the default), [0] mma.sync.
-  static const int alt = std::getenv("DSV4_ALT") ? std::atoi(std::getenv("DSV4_ALT")) : 0;  // EXPERIMENT
-  for (int v = 0; v < 2; ++v) {
-    dsv4::cuda::attention_variant() = v == 0 ? alt : v;
-    r.call[v] = time_graph(s, [&] { attn.run(pr.p, s); });
-  }
-  dsv4::cuda::attention_variant() = 1;
+  r.call = time_graph(s, [&] { attn.run(pr.p, s); });
   r.plan = time_graph(s, [&] { attn.plan(pr.p, s); });
   r.plan_call = time_graph(s, [&] {
     attn.plan(pr.p, s);
@@ -282,81 +275,56 @@ Result measure(Problem& pr, cudaStream_t s) {
   return r;
 }
 
-// --diag: where the time of one call goes. Per-call times of the mma.sync
-// fallback and of the wgmma kernel with parts of the work switched off, and
-// %globaltimer stamps of every CTA (ns from the earliest CTA start): tile 0
-// landed, tile 0 dequantized, loop end.
+// --diag: where the time of one call goes, from the kernel's diagnostics
+// (AttnParams::debug_clock): per CTA the start and end of its tile loop
+// (%globaltimer) and how long the consumers waited for the producer's half
+// of a tile and the producer for a free K buffer. Means over the CTAs that
+// had work; "end" and "span" from the earliest start.
 void diagnose(cudaStream_t s) {
   struct Cfg {
     int b, heads, extra, page;
   };
   const Cfg cfgs[] = {{1, 64, 0, 0}, {128, 64, 0, 0}, {1, 64, 1024, 2}, {128, 64, 512, 64}, {1, 64, 8192, 2}, {128, 128, 1024, 64}};
-  const int flag_sets[] = {0, dsv4::cuda::kDebugNoLoads, dsv4::cuda::kDebugNoStore, dsv4::cuda::kDebugNoCompute,
-                           dsv4::cuda::kDebugNoLoads | dsv4::cuda::kDebugNoStore,
-                           dsv4::cuda::kDebugNoLoads | dsv4::cuda::kDebugNoStore | dsv4::cuda::kDebugNoCompute};
-  std::printf("\ndiag: call us with parts switched off (1 no loads, 4 no dequant/stores, 2 no compute)\n");
-  std::printf("| b | H | N | mma.sync | default (staged wgmma): flags 0 | 1 | 4 | 2 | 1+4 | 1+2+4 |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  namespace cu = dsv4::cuda;
+  std::printf("\n| b | H | N | call us | CTAs | loop end us | last end us | consumers waited us | producer waited us |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
   for (const Cfg& c : cfgs) {
     Problem pr = make_problem(c.b, c.heads, c.extra, c.page, false, 4242 + c.b);
     dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
     attn.plan(pr.p, s);
-    std::printf("| %d | %d | %d |", c.b, c.heads, 128 + c.extra);
-    for (int v : {0}) {
-      dsv4::cuda::attention_variant() = v;
-      std::printf(" %.1f |", time_graph(s, [&] { attn.run(pr.p, s); }, 15));
-    }
-    dsv4::cuda::attention_variant() = 1;
-    if (std::getenv("DSV4_ALT")) {  // EXPERIMENT
-      dsv4::cuda::attention_variant() = std::atoi(std::getenv("DSV4_ALT"));
-      for (int f : {0, 8, 16, 32, 8 | 16 | 32}) {
-        dsv4::cuda::attention_debug().flags = f;
-        std::printf(" f%d %.1f |", f, time_graph(s, [&] { attn.run(pr.p, s); }, 15));
-      }
-      dsv4::cuda::attention_variant() = 1;
-    }
-    for (int f : flag_sets) {
-      dsv4::cuda::attention_debug().flags = f;
-      std::printf(" %.1f |", time_graph(s, [&] { attn.run(pr.p, s); }, 15));
-    }
-    std::printf("\n");
-    dsv4::cuda::attention_debug().flags = 0;
+    const double call = time_graph(s, [&] { attn.run(pr.p, s); }, 15);
     const int g = attn.grid_size();
+    constexpr int kS = cu::kDebugSlots;
     unsigned long long* d = nullptr;
-    constexpr int kS = dsv4::cuda::kDebugSlots;
     CHECK(cudaMalloc(&d, size_t(g) * kS * 8));
     std::vector<unsigned long long> h(size_t(g) * kS);
-    if (std::getenv("DSV4_ALT")) dsv4::cuda::attention_variant() = std::atoi(std::getenv("DSV4_ALT"));  // EXPERIMENT
     for (int rep = 0; rep < 2; ++rep) {  // the second call is the warm one
       CHECK(cudaMemsetAsync(d, 0, size_t(g) * kS * 8, s));
-      dsv4::cuda::attention_debug().clock = d;
+      cu::attention_debug().clock = d;
       attn.run(pr.p, s);
-      dsv4::cuda::attention_debug().clock = nullptr;
+      cu::attention_debug().clock = nullptr;
       CHECK(cudaStreamSynchronize(s));
     }
     CHECK(cudaMemcpy(h.data(), d, h.size() * 8, cudaMemcpyDeviceToHost));
-    dsv4::cuda::attention_variant() = 1;
     cudaFree(d);
+    auto at = [&](int cta, int k) { return h[size_t(cta) * kS + k]; };
     unsigned long long t0 = ~0ull, tend = 0;
     int active = 0;
-    double sum[4] = {};
     for (int c2 = 0; c2 < g; ++c2)
-      if (h[size_t(c2) * kS]) {
-        t0 = std::min(t0, h[size_t(c2) * kS]);
-        tend = std::max(tend, h[size_t(c2) * kS + 3]);
+      if (at(c2, cu::kDebugStart)) {
+        t0 = std::min(t0, at(c2, cu::kDebugStart));
+        tend = std::max(tend, at(c2, cu::kDebugEnd));
         ++active;
       }
+    double end = 0, wc = 0, wp = 0;
     for (int c2 = 0; c2 < g; ++c2)
-      if (h[size_t(c2) * kS])
-        for (int k = 0; k < 4; ++k) sum[k] += double(h[size_t(c2) * kS + k] - t0) / active;
-    std::printf("    stamps (mean ns over %d CTAs): start %.0f, tile 0 in %.0f, tile 0 dequantized %.0f, loop end %.0f "
-                "(max %llu)\n",
-                active, sum[0], sum[1], sum[2], sum[3], tend - t0);
-    if (std::getenv("DSV4_ALT")) {  // EXPERIMENT: pipe waits (slot 1 consumers on full, slot 2 producer on empty)
-      double wf = 0, we = 0;
-      for (int c2 = 0; c2 < g; ++c2)
-        if (h[size_t(c2) * kS]) wf += double(h[size_t(c2) * kS + 1]) / active, we += double(h[size_t(c2) * kS + 2]) / active;
-      std::printf("    pipe waits (mean ns per CTA): consumers on full %.0f, producer on empty %.0f\n", wf, we);
-    }
+      if (at(c2, cu::kDebugStart)) {
+        end += double(at(c2, cu::kDebugEnd) - t0) / active;
+        wc += double(at(c2, cu::kDebugConsumerWait)) / active;
+        wp += double(at(c2, cu::kDebugProducerWait)) / active;
+      }
+    std::printf("| %d | %d | %d | %.1f | %d | %.1f | %.1f | %.1f | %.1f |\n", c.b, c.heads, 128 + c.extra, call, active,
+                end * 1e-3, double(tend - t0) * 1e-3, wc * 1e-3, wp * 1e-3);
     free_problem(pr);
   }
 }
@@ -381,7 +349,6 @@ int main(int argc, char** argv) {
     Problem pr = make_problem(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), false, 99);
     dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
     attn.plan(pr.p, s);
-    if (std::getenv("DSV4_ALT")) dsv4::cuda::attention_variant() = std::atoi(std::getenv("DSV4_ALT"));  // EXPERIMENT
     for (int i = 0; i < 3; ++i) attn.run(pr.p, s);
     CHECK(cudaStreamSynchronize(s));
     free_problem(pr);
@@ -397,9 +364,9 @@ int main(int argc, char** argv) {
                       {64, 1024, 2, {13.8, 16.3, 58.0, 71.2}},
                       {64, 8192, 2, {27.4, 46.2, 244.4, 458.8}}};
   const int batches[] = {1, 8, 64, 128};
-  std::printf("\n| H | N = 128 + extra | page | b | call us | mma.sync us | plan us | plan+call us | FlashMLA us |"
-              " FlashMLA / call | TFLOP/s | GB/s | roofline us | NaN |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| H | N = 128 + extra | page | b | call us | plan us | plan+call us | FlashMLA us |"
+              " call / FlashMLA | TFLOP/s | GB/s | roofline us | NaN |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& row : rows) {
     for (int bi = 0; bi < 4; ++bi) {
       const int b = batches[bi];
@@ -408,12 +375,12 @@ int main(int argc, char** argv) {
       const Result r = measure(pr, s);
       const double n = 128.0 + row.extra;
       const double flops = 2.0 * row.heads * n * 1024.0 * b, bytes = n * 584.0 * b;
-      const double best = r.call[1];
+      const double best = r.call;
       const double roof = std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6;
-      std::printf("| %d | 128 + %d | %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.0f | %.0f | %.1f | %llu |\n",
-                  row.heads, row.extra, row.extra ? std::to_string(row.page).c_str() : "-", b, best, r.call[0],
-                  r.plan, r.plan_call, row.flashmla[bi], row.flashmla[bi] / best, flops / best * 1e-6,
-                  bytes / best * 1e-3, roof, r.nans);
+      std::printf("| %d | 128 + %d | %s | %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f | %.0f | %.1f | %llu |\n",
+                  row.heads, row.extra, row.extra ? std::to_string(row.page).c_str() : "-", b, best, r.plan,
+                  r.plan_call, row.flashmla[bi], best / row.flashmla[bi], flops / best * 1e-6, bytes / best * 1e-3,
+                  roof, r.nans);
       std::fflush(stdout);
       free_problem(pr);
     }
@@ -423,10 +390,10 @@ int main(int argc, char** argv) {
     Problem pr = make_problem(4096, 64, 512, 64, true, 77);
     const Result r = measure(pr, s);
     const double n = 640.0, flops = 2.0 * 64 * n * 1024.0 * 4096, bytes = n * 584.0 * 4096;
-    const double best = r.call[1];
-    std::printf("\nprefill T=4096 H=64 N=128+512 page 64: call %.1f us (mma.sync %.1f), plan %.1f us, plan+call %.1f us, "
+    const double best = r.call;
+    std::printf("\nprefill T=4096 H=64 N=128+512 page 64: call %.1f us, plan %.1f us, plan+call %.1f us, "
                 "%.0f TFLOP/s, %.0f GB/s, roofline %.1f us, NaN %llu\n",
-                best, r.call[0], r.plan, r.plan_call, flops / best * 1e-6, bytes / best * 1e-3,
+                best, r.plan, r.plan_call, flops / best * 1e-6, bytes / best * 1e-3,
                 std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6, r.nans);
     free_problem(pr);
   }

@@ -19,15 +19,12 @@
 namespace dsv4::test {
 namespace {
 
-// Every test runs against each kernel implementation: wgmma with staged
-// gathers (the default) and the mma.sync one.
-class SparseAttentionCudaTest : public ::testing::TestWithParam<int> {
+// Every test skips itself where no CUDA device is present.
+class SparseAttentionCudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
-    dsv4::cuda::attention_variant() = GetParam();
   }
-  void TearDown() override { dsv4::cuda::attention_variant() = 1; }
 };
 
 // Plans, runs (outputs poisoned first) and compares with the reference.
@@ -72,7 +69,7 @@ __global__ void dequant_kernel(const uint32_t* words, const uint8_t* scales, uin
   for (int k = 0; k < 8; ++k) out[8 * i + k] = o[k];
 }
 
-TEST_P(SparseAttentionCudaTest, DequantIsExactForAllCodesAndScales) {
+TEST_F(SparseAttentionCudaTest, DequantIsExactForAllCodesAndScales) {
   // Every non-NaN e4m3 code (subnormals included) under every scale byte from
   // 64 up (smaller scales would need bf16 subnormal results; no real cache
   // has them) and the NaN scale byte 255.
@@ -122,61 +119,61 @@ TEST_P(SparseAttentionCudaTest, DequantIsExactForAllCodesAndScales) {
 
 // ---- accuracy over the shapes of SPEC §8 --------------------------------------
 
-TEST_P(SparseAttentionCudaTest, WindowOnlyH64) { run_and_check({.tokens = 37, .heads = 64, .seed = 11}); }
+TEST_F(SparseAttentionCudaTest, WindowOnlyH64) { run_and_check({.tokens = 37, .heads = 64, .seed = 11}); }
 
-TEST_P(SparseAttentionCudaTest, WindowOnlyH128FullLengths) {
+TEST_F(SparseAttentionCudaTest, WindowOnlyH128FullLengths) {
   run_and_check({.tokens = 9, .heads = 128, .ragged = false, .hole_rate = 0, .oor_rate = 0, .seed = 12});
 }
 
-TEST_P(SparseAttentionCudaTest, Extra512Page64H64) {
+TEST_F(SparseAttentionCudaTest, Extra512Page64H64) {
   run_and_check({.tokens = 29, .heads = 64, .extra_width = 512, .extra_page = 64, .seed = 13});
 }
 
-TEST_P(SparseAttentionCudaTest, Extra1024Page64H128) {
+TEST_F(SparseAttentionCudaTest, Extra1024Page64H128) {
   run_and_check({.tokens = 13, .heads = 128, .extra_width = 1024, .extra_page = 64, .seed = 14});
 }
 
-TEST_P(SparseAttentionCudaTest, Extra1024Page2H64) {
+TEST_F(SparseAttentionCudaTest, Extra1024Page2H64) {
   run_and_check({.tokens = 21, .heads = 64, .extra_width = 1024, .extra_page = 2, .seed = 15});
 }
 
-TEST_P(SparseAttentionCudaTest, Extra8192Page2H64) {
+TEST_F(SparseAttentionCudaTest, Extra8192Page2H64) {
   run_and_check({.tokens = 4, .heads = 64, .extra_width = 8192, .extra_page = 2, .seed = 16});
 }
 
-TEST_P(SparseAttentionCudaTest, Extra8192Page2H128FullLengths) {
+TEST_F(SparseAttentionCudaTest, Extra8192Page2H128FullLengths) {
   run_and_check({.tokens = 2, .heads = 128, .extra_width = 8192, .extra_page = 2, .ragged = false, .seed = 17});
 }
 
-TEST_P(SparseAttentionCudaTest, LargeLogits) {
+TEST_F(SparseAttentionCudaTest, LargeLogits) {
   // q gains up to 16 (logits ~80): outputs still within 1e-2; lse carries the
   // rounding of fp32 tensor-core accumulation of the top logits, ~3e-7 of |lse|.
   run_and_check({.tokens = 16, .heads = 64, .extra_width = 1024, .extra_page = 2, .seed = 26, .max_gain_log2 = 4}, 0, 1e-6);
 }
 
-TEST_P(SparseAttentionCudaTest, SmallHeadCountIsPadded) {
+TEST_F(SparseAttentionCudaTest, SmallHeadCountIsPadded) {
   run_and_check({.tokens = 50, .heads = 4, .extra_width = 512, .extra_page = 64, .seed = 18});
   run_and_check({.tokens = 7, .heads = 96, .extra_width = 1024, .extra_page = 2, .seed = 19});
 }
 
-TEST_P(SparseAttentionCudaTest, EmptyRowsGiveZeroAndMinusInfinity) {
+TEST_F(SparseAttentionCudaTest, EmptyRowsGiveZeroAndMinusInfinity) {
   // Rows of length 0 and rows made only of -1, among normal rows, split and not.
   run_and_check({.tokens = 24, .heads = 64, .extra_width = 512, .extra_page = 64, .empty_rows = 10, .seed = 20});
   run_and_check({.tokens = 6, .heads = 64, .extra_width = 1024, .extra_page = 2, .empty_rows = 6, .seed = 21});
 }
 
-TEST_P(SparseAttentionCudaTest, ManyTokensMixedSplits) {
+TEST_F(SparseAttentionCudaTest, ManyTokensMixedSplits) {
   // More units than CTAs, ragged: whole units, split units and CTA ranges
   // that start and end inside units.
   run_and_check({.tokens = 300, .heads = 64, .extra_width = 1024, .extra_page = 64, .seed = 22});
 }
 
-TEST_P(SparseAttentionCudaTest, PrefillChunk) {
+TEST_F(SparseAttentionCudaTest, PrefillChunk) {
   // A prefill-like call: many tokens, full windows and selections.
   run_and_check({.tokens = 512, .heads = 64, .extra_width = 512, .extra_page = 64, .ragged = false, .seed = 23});
 }
 
-TEST_P(SparseAttentionCudaTest, SanitizerSmall) {
+TEST_F(SparseAttentionCudaTest, SanitizerSmall) {
   // Small enough for compute-sanitizer: a split unit, an empty row, padding.
   run_and_check({.tokens = 3, .heads = 4, .swa_width = 128, .extra_width = 256, .extra_page = 2, .empty_rows = 1, .seed = 24});
   run_and_check({.tokens = 2, .heads = 64, .extra_width = 2048, .extra_page = 64, .seed = 25});
@@ -184,7 +181,7 @@ TEST_P(SparseAttentionCudaTest, SanitizerSmall) {
 
 // ---- graph capture, determinism, plan slots, errors ---------------------------
 
-TEST_P(SparseAttentionCudaTest, GraphCaptureReplayMatchesEagerBitwise) {
+TEST_F(SparseAttentionCudaTest, GraphCaptureReplayMatchesEagerBitwise) {
   const HostCase hc = make_case({.tokens = 8, .heads = 128, .extra_width = 1024, .extra_page = 2, .seed = 30});
   DeviceCase dc(hc);
   SparseAttentionCuda attn({8, 128, 1});
@@ -228,7 +225,7 @@ __global__ void copy_words(const uint32_t* src, uint32_t* dst, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) dst[i] = src[i];
 }
 
-TEST_P(SparseAttentionCudaTest, KernelAfterRunSeesTheOutput) {
+TEST_F(SparseAttentionCudaTest, KernelAfterRunSeesTheOutput) {
   for (const int extra : {0, 8192}) {  // whole units only / rows split over many CTAs
     const HostCase hc = make_case({.tokens = extra ? 2 : 200, .heads = 64, .extra_width = extra, .extra_page = 2, .seed = 41});
     DeviceCase dc(hc);
@@ -252,7 +249,7 @@ TEST_P(SparseAttentionCudaTest, KernelAfterRunSeesTheOutput) {
   }
 }
 
-TEST_P(SparseAttentionCudaTest, RepeatedRunsWithOnePlanAreBitwiseEqual) {
+TEST_F(SparseAttentionCudaTest, RepeatedRunsWithOnePlanAreBitwiseEqual) {
   // Many split units, merged by the combine kernel each call: any race or
   // order dependence in the merge would show as a difference.
   const HostCase hc = make_case({.tokens = 3, .heads = 64, .extra_width = 8192, .extra_page = 2, .seed = 31});
@@ -278,7 +275,7 @@ TEST_P(SparseAttentionCudaTest, RepeatedRunsWithOnePlanAreBitwiseEqual) {
   EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
 }
 
-TEST_P(SparseAttentionCudaTest, PlanSlotsAreIndependent) {
+TEST_F(SparseAttentionCudaTest, PlanSlotsAreIndependent) {
   const HostCase a = make_case({.tokens = 5, .heads = 64, .extra_width = 1024, .extra_page = 2, .seed = 40});
   const HostCase b = make_case({.tokens = 5, .heads = 64, .extra_width = 1024, .extra_page = 2, .seed = 41});
   DeviceCase da(a), db(b);
@@ -301,7 +298,7 @@ TEST_P(SparseAttentionCudaTest, PlanSlotsAreIndependent) {
   }
 }
 
-TEST_P(SparseAttentionCudaTest, NanCodeInAnAttendedEntryGivesNan) {
+TEST_F(SparseAttentionCudaTest, NanCodeInAnAttendedEntryGivesNan) {
   // e4m3 0x7f is NaN; the CPU decode gives NaN, so must the GPU. Only the
   // token that attends the entry is affected.
   HostCase hc = make_case({.tokens = 4, .heads = 64, .ragged = false, .hole_rate = 0, .oor_rate = 0, .seed = 50});
@@ -327,7 +324,7 @@ TEST_P(SparseAttentionCudaTest, NanCodeInAnAttendedEntryGivesNan) {
   }
 }
 
-TEST_P(SparseAttentionCudaTest, ZeroTokensIsANoOp) {
+TEST_F(SparseAttentionCudaTest, ZeroTokensIsANoOp) {
   SparseAttentionCuda attn({4, 64, 1});
   SparseAttentionParams p;
   attn.plan(p, nullptr);
@@ -335,7 +332,7 @@ TEST_P(SparseAttentionCudaTest, ZeroTokensIsANoOp) {
   DSV4_CUDA_OK(cudaDeviceSynchronize());
 }
 
-TEST_P(SparseAttentionCudaTest, BadCallsThrowBeforeLaunching) {
+TEST_F(SparseAttentionCudaTest, BadCallsThrowBeforeLaunching) {
   const HostCase hc = make_case({.tokens = 4, .heads = 64, .seed = 60});
   DeviceCase dc(hc);
   SparseAttentionCuda attn({4, 64, 1});
@@ -363,11 +360,6 @@ TEST_P(SparseAttentionCudaTest, BadCallsThrowBeforeLaunching) {
   attn.run(dc.p, nullptr);
   DSV4_CUDA_OK(cudaDeviceSynchronize());
 }
-
-INSTANTIATE_TEST_SUITE_P(Kernels, SparseAttentionCudaTest, ::testing::Values(1, 0, 2),
-                         [](const ::testing::TestParamInfo<int>& i) {
-                           return std::string(i.param == 1 ? "wgmma_serial" : i.param == 2 ? "pipe" : "mma_sync");
-                         });
 
 }  // namespace
 }  // namespace dsv4::test

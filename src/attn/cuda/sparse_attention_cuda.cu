@@ -2,8 +2,9 @@
 // plan slots and kernel launches.
 #include "attn/cuda/sparse_attention_cuda.h"
 
-#include <cmath>
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -96,6 +97,7 @@ struct SparseAttentionCuda::Impl {
         v.capacity = c.capacity();
         v.page_stride = int64_t(c.page_stride);
         v.entries_per_page = uint32_t(c.entries_per_page);
+        v.page_shift = std::has_single_bit(v.entries_per_page) ? std::countr_zero(v.entries_per_page) : -1;
       }
       return v;
     };
@@ -112,7 +114,6 @@ struct SparseAttentionCuda::Impl {
     a.partial_ml = partial_ml;
     a.grid = grid;
     a.debug_clock = cuda::attention_debug().clock;
-    a.debug_flags = cuda::attention_debug().flags;
     return a;
   }
 };

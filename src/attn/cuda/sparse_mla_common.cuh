@@ -1,8 +1,8 @@
 #pragma once
-// Shared pieces of the sparse-attention kernel (sparse_mla_kernel.cu): the
-// shared-memory layout, the unit walker, the gathers of fp8_ds_mla records,
-// their dequantization into bf16 K planes and small helpers. Included by
-// sparse_mla_kernel.cu only.
+// Shared pieces of the sparse-attention kernels (sparse_mla_kernel.cu,
+// sparse_mla_combine.cu): the plane layout of Q, K and P, the unit walker,
+// where an entry's record lives, NaN codes, the Q load, the output staging
+// and small helpers.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -14,32 +14,17 @@
 
 namespace dsv4::cuda::mla {
 
-constexpr int kThreads = kAttnThreads;  // 8 warps
+constexpr int kConsumerThreads = 256;  // the two warpgroups that run the tile math
 // Q, K and P are stored as planes of 64 dims (128 bytes) per row: plane
 // c / 8 holds 16-byte chunk c of every row, rows 128 bytes apart, and the
 // chunk sits at position (c % 8) ^ (row % 8). That is the 128B-swizzle
-// layout of wgmma (8-row atoms of 1024 bytes), and it keeps 8-row ldmatrix
-// reads conflict-free.
+// layout of wgmma (8-row atoms of 1024 bytes), and it keeps the 16-byte
+// accesses of 8 consecutive rows conflict-free.
 constexpr int kPlane = 64 * 128;
 constexpr int kQBytes = 8 * kPlane;  // 64 heads x 512 dims
 constexpr int kKBytes = 8 * kPlane;  // 64 entries x 512 dims
-constexpr int kRawData = kTileEntries * 576;               // records of one tile
-constexpr int kRawBytes = kRawData + kTileEntries * 8;     // + their scale bytes
 constexpr int kPBytes = kHeadBlock * kTileEntries * 2;
-constexpr int kSxBytes = 4 * 2 * 4 * 32 * 16;              // split-K exchange of S
-static_assert(kSxBytes <= kRawBytes, "the S exchange reuses a raw slot");
-
-constexpr int kOffQ = 0;
-constexpr int kOffK = kOffQ + kQBytes;
-constexpr int kOffRaw = kOffK + kKBytes;                   // two slots
-constexpr int kOffP = kOffRaw + 2 * kRawBytes;
-constexpr int kOffMask = kOffP + kPBytes;                  // [4][64] bytes: entry valid, ring by tile
-constexpr int kOffMx = kOffMask + 4 * kTileEntries;        // [2][64] floats: tile row max per entry half
-constexpr int kOffAlpha = kOffMx + 2 * 64 * 4;             // [64] floats: rescale of O rows
-constexpr int kOffLp = kOffAlpha + 64 * 4;                 // [2][64] floats: row sums per entry half
-constexpr int kOffM = kOffLp + 2 * 64 * 4;                 // [64] floats: row max at unit end
-constexpr int kSmemBytes = kOffM + 64 * 4 + 1024;          // + room to align the base to 1024
-static_assert(kOffP % 1024 == 0 && kOffK % 1024 == 0, "swizzle atoms are 1024-byte aligned");
+constexpr int kOffQ = 0;  // Q opens the kernel's shared memory (layout: sparse_mla_tiles.cuh)
 
 // Byte offset of 16-byte chunk c (8 dims) of a row in a plane-major array.
 __device__ __forceinline__ uint32_t chunk_off(int row, int c) {
@@ -49,16 +34,13 @@ __device__ __forceinline__ uint32_t chunk_off(int row, int c) {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-__device__ __forceinline__ void sync_all() { __syncthreads(); }
-
 __device__ __forceinline__ void stamp(const AttnParams& p, int k) {
   if (p.debug_clock != nullptr && threadIdx.x == 0) p.debug_clock[blockIdx.x * kDebugSlots + k] = global_timer_ns();
 }
 
 // Walks the units of a CTA range in order; the next unit's record is loaded
-// one unit ahead.
-// Also tracks the unit's token and head block (u = tok * head_blocks + hb)
-// without a division per step.
+// one unit ahead. Also tracks the unit's token and head block
+// (u = tok * head_blocks + hb) without a division per step.
 struct UnitWalker {
   const int4* info;
   int u, tok, hb, head_blocks;
@@ -85,12 +67,7 @@ struct UnitWalker {
   }
 };
 
-// ----------------------------------------------------------------------------
-// Gathers. Thread t serves entry t / 4 of a tile and its 16-byte chunks
-// t % 4 + 4 j (j = 0..8), so each quad reads 64 contiguous bytes; the quad's
-// first thread also copies the 8 scale bytes. A raw slot holds the 64
-// records (576 bytes each) then their scale bytes.
-// ----------------------------------------------------------------------------
+// Entry e of a tile: its slot and list (0: SWA, 1: extra, -1: nothing there).
 struct EntryRef {
   int32_t slot;
   int list;  // 0: SWA, 1: extra, -1: nothing at this position
@@ -124,7 +101,7 @@ __device__ __forceinline__ RecordPtrs record_ptrs(const AttnParams& p, EntryRef 
   if (r.list >= 0 && r.slot >= 0) {
     const CacheView& c = r.list == 0 ? p.swa_cache : p.extra_cache;
     if (int64_t(r.slot) < c.capacity) {
-      const uint32_t page = uint32_t(r.slot) / c.entries_per_page;
+      const uint32_t page = c.page_shift >= 0 ? uint32_t(r.slot) >> c.page_shift : uint32_t(r.slot) / c.entries_per_page;
       const uint32_t off = uint32_t(r.slot) - page * c.entries_per_page;
       const uint8_t* base = c.base + int64_t(page) * c.page_stride;  // 64-bit: pages * stride passes 2^31
       rp.data = base + size_t(576) * off;
@@ -134,30 +111,6 @@ __device__ __forceinline__ RecordPtrs record_ptrs(const AttnParams& p, EntryRef 
   return rp;
 }
 
-// Issues the copies of one entry-quarter into a raw slot. An empty (< 0) or
-// out-of-range slot reads nothing: cp.async with source size 0 writes zeros.
-__device__ __forceinline__ void issue_gather(const AttnParams& p, EntryRef r, uint8_t* smem, int raw_slot,
-                                             int mask_slot) {
-  const int e = threadIdx.x >> 2, q = threadIdx.x & 3;
-  auto [data, scales] = record_ptrs(p, r);
-  const bool valid = data != nullptr;
-  if (!valid) data = scales = reinterpret_cast<const uint8_t*>(p.q);  // any valid address: nothing is read
-  const uint32_t dst = smem_u32(smem + kOffRaw + raw_slot * kRawBytes) + e * 576;
-  const uint32_t n = valid && !(p.debug_flags & kDebugNoLoads) ? 16u : 0u;
-#pragma unroll
-  for (int j = 0; j < 9; ++j) cp_async_16(dst + 16 * (q + 4 * j), data + 16 * (q + 4 * j), n);
-  if (q == 0) {
-    cp_async_8(smem_u32(smem + kOffRaw + raw_slot * kRawBytes + kRawData) + e * 8, scales, n / 2);
-    smem[kOffMask + mask_slot * kTileEntries + e] = valid ? 1 : 0;
-  }
-}
-
-// ----------------------------------------------------------------------------
-// Dequantization of a raw slot into K (bf16, rows of 64 chunks of 16 bytes,
-// chunk c stored at c ^ (row & 7) so that ldmatrix reads are conflict-free).
-// Thread t handles entry t / 4: fp8 chunks q + 4 j (scale block j) and the
-// bf16 chunks 28 + q + 4 j.
-// ----------------------------------------------------------------------------
 // The slow path for e4m3 NaN codes (never written by the quantizer): the 16
 // codes of v are dims dim0 .. dim0 + 15 of K row e; each NaN code becomes a
 // bf16 NaN, as on the CPU.
@@ -175,40 +128,12 @@ __device__ __forceinline__ bool has_nan_codes(uint4 v) {
   return (e4m3_nan_flags(v.x) | e4m3_nan_flags(v.y) | e4m3_nan_flags(v.z) | e4m3_nan_flags(v.w)) != 0;
 }
 
-__device__ __forceinline__ void dequantize(uint8_t* smem, int raw_slot) {
-  const int e = threadIdx.x >> 2, q = threadIdx.x & 3;
-  const uint8_t* raw = smem + kOffRaw + raw_slot * kRawBytes + e * 576;
-  const uint2 sc = *reinterpret_cast<const uint2*>(smem + kOffRaw + raw_slot * kRawBytes + kRawData + e * 8);
-  uint8_t* kbuf = smem + kOffK;
-#pragma unroll  // all seven shared-memory loads in flight at once
-  for (int j = 0; j < 7; ++j) {
-    const int k = q + 4 * j;  // fp8 chunk: dims 16 k .. 16 k + 15 = K chunks 2 k, 2 k + 1
-    const uint4 v = *reinterpret_cast<const uint4*>(raw + 16 * k);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    const uint32_t sb = (j < 4 ? sc.x >> (8 * j) : sc.y >> (8 * (j - 4))) & 0xffu;
-    const ScaleFactors f = scale_factors(sb);
-    uint32_t o[8];
-    if (sb <= 134u)
-      dequant_chunk<false>(w, f, o);
-    else  // scales >= 2^8: never produced for real caches, exact two-step path
-      dequant_chunk<true>(w, f, o);
-    *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k)) = make_uint4(o[0], o[1], o[2], o[3]);
-    *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
-    if (has_nan_codes(v)) patch_nan_codes(v, kbuf, e, 16 * k);
-  }
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {  // dims 448..511 are bf16 already: record chunk k is K chunk k + 28
-    const int k = 28 + q + 4 * j;
-    *reinterpret_cast<uint4*>(kbuf + chunk_off(e, k + 28)) = *reinterpret_cast<const uint4*>(raw + 16 * k);
-  }
-}
-
 __device__ __forceinline__ void load_q_async(const AttnParams& p, uint8_t* smem, int unit) {
   const int t = unit / p.head_blocks, hb = unit - t * p.head_blocks;
   const uint32_t qs = smem_u32(smem + kOffQ);
 #pragma unroll 4
-  for (int i = 0; i < (kHeadBlock * 64) / kThreads; ++i) {
-    const int chunk = threadIdx.x + i * kThreads;
+  for (int i = 0; i < (kHeadBlock * 64) / kConsumerThreads; ++i) {
+    const int chunk = threadIdx.x + i * kConsumerThreads;
     const int row = chunk >> 6, c = chunk & 63;
     const int head = hb * kHeadBlock + row;
     const bool valid = head < p.num_heads;  // padded heads read as zeros
@@ -238,7 +163,7 @@ __device__ __forceinline__ void stage_pair(uint8_t* stage, int row, int col, uin
 // Copies rows [0, heff) of the stage to out (rows 512 elements apart).
 __device__ __forceinline__ void copy_out_stage(const uint8_t* stage, uint16_t* out, int heff) {
 #pragma unroll 4
-  for (int i = threadIdx.x; i < heff * 64; i += kThreads) {
+  for (int i = threadIdx.x; i < heff * 64; i += kConsumerThreads) {
     const int row = i >> 6, c = i & 63;
     const uint4 v = *reinterpret_cast<const uint4*>(stage + row * 1024 + ((c ^ (row & 7)) << 4));
     *reinterpret_cast<uint4*>(out + row * 512 + c * 8) = v;

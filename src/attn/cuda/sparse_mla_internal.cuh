@@ -23,7 +23,7 @@ namespace dsv4::cuda {
 
 inline constexpr int kTileEntries = 64;  // entries per tile
 inline constexpr int kHeadBlock = 64;    // heads per unit
-inline constexpr int kAttnThreads = 256;  // 8 warps per CTA, one CTA per SM
+inline constexpr int kAttnThreads = 384;  // 3 warpgroups per CTA (2 consumers, 1 producer), one CTA per SM
 inline constexpr int kPlanThreads = 1024;
 inline constexpr int kMaxGrid = 1024;  // CTAs of the attention kernel the plan can address
 
@@ -32,6 +32,7 @@ struct CacheView {
   int64_t capacity;        // num_pages * entries_per_page
   int64_t page_stride;     // bytes
   uint32_t entries_per_page;
+  int page_shift;          // log2(entries_per_page) when a power of two (shift, not divide), else -1
 };
 
 struct ListView {
@@ -65,20 +66,19 @@ struct AttnParams {
   float* partial_o;         // [grid][2][64][512] unnormalised fp32 outputs
   float2* partial_ml;       // [grid][2][64] {running max (log2 units), sum of exp2}
   int grid;                 // CTAs of the attention kernel
-  // Diagnostics for the benchmark only (null / 0 in normal use): per-CTA
-  // %globaltimer stamps [grid][kDebugSlots] and switches that remove parts of the work.
+  // Diagnostics for the benchmark only (null in normal use): per CTA,
+  // kDebugSlots zero-initialised entries (kDebug* below), in nanoseconds.
   unsigned long long* debug_clock;
-  int debug_flags;  // kDebug* below
 };
 
-inline constexpr int kDebugSlots = 4;      // debug_clock entries per CTA: start, tile 0 in, tile 0 dequantized, loop end
-inline constexpr int kDebugNoLoads = 1;    // gathers read nothing (zero-filled records)
-inline constexpr int kDebugNoCompute = 2;  // skip Q K^T, softmax and P V
-inline constexpr int kDebugNoStore = 4;    // skip the dequantization into K
+inline constexpr int kDebugSlots = 4;
+inline constexpr int kDebugStart = 0;         // %globaltimer at the CTA's start
+inline constexpr int kDebugConsumerWait = 1;  // time the consumers waited for the producer
+inline constexpr int kDebugProducerWait = 2;  // time the producer waited for a free K buffer
+inline constexpr int kDebugEnd = 3;           // %globaltimer at the end of the tile loop
 
 struct AttentionDebug {
   unsigned long long* clock = nullptr;
-  int flags = 0;
 };
 
 // Launches kernel(p) with programmatic dependent launch allowed: its CTAs may
@@ -101,22 +101,15 @@ inline void launch_overlapped(Kernel kernel, int grid, int threads, size_t smem,
   cudaLaunchKernelEx(&cfg, kernel, p);  // errors surface in the caller's cudaGetLastError()
 }
 
-// Bytes of dynamic shared memory the attention kernel needs.
-size_t attention_smem_bytes();
 // Raises the kernel's dynamic shared-memory limit; returns CTAs per SM.
 int prepare_attention_kernel();
 void launch_plan(const AttnParams& p, cudaStream_t stream);
 // The attention kernel, then the combine of split units (programmatic
-// dependent launch: it starts while the attention kernel runs and waits for
-// it only when there is something to merge).
+// dependent launch: it starts while the attention kernel runs and always
+// waits for it to complete before it exits).
 void launch_attention(const AttnParams& p, cudaStream_t stream);
 void launch_combine(const AttnParams& p, cudaStream_t stream);
 // Process-wide diagnostics copied into every launch (benchmark only).
 AttentionDebug& attention_debug();
-// Which implementation launch_attention uses: 1 (default) wgmma with the
-// gathers staged in shared memory two tiles ahead; 0 mma.sync with ldmatrix
-// (tested, slower: docs/perf-notes.md). A process-wide knob for tests and the
-// benchmark.
-int& attention_variant();
 
 }  // namespace dsv4::cuda
