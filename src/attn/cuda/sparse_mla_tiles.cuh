@@ -33,8 +33,8 @@ constexpr int kHalf = kTileEntries / 2;  // entries per producer / consumer half
 constexpr int kStageData = kHalf * 576;
 constexpr int kOffK0 = kQBytes;                       // K buffer b at kOffK0 + b * kKBytes
 constexpr int kOffP = kOffK0 + 2 * kKBytes;          // P: 64 heads x 64 entries bf16
-constexpr int kOffStage = kOffP + kPBytes;           // records of entries 32..63, then their scales
-constexpr int kOffMask = kOffStage + kStageData + kHalf * 8;  // [2 buffers][64]: entry valid
+constexpr int kOffStage = kOffP + kPBytes;           // records of entries 32..63, then a copy of their scales per thread
+constexpr int kOffMask = kOffStage + kStageData + kConsumerThreads * 8;  // [2 buffers][64]: entry valid
 constexpr int kOffMx = kOffMask + 2 * kTileEntries;         // [2 groups][64] floats: tile row max
 constexpr int kOffLp = kOffMx + 2 * 64 * 4;                 // [2 groups][64] floats: row sums
 constexpr int kOffM = kOffLp + 2 * 64 * 4;                  // [64] floats: row max at unit end
@@ -138,7 +138,10 @@ __device__ __forceinline__ void produce(const AttnParams& p, uint8_t* smem, int 
 // ----------------------------------------------------------------------------
 // Consumers' half of the gathers and dequantization. Thread t (0..255)
 // serves entry 32 + t / 8 and its record chunks t % 8 + 8 j: the 8 threads of
-// a 16-byte access phase read one entry's 128 contiguous bytes.
+// a 16-byte access phase read one entry's 128 contiguous bytes. Each thread
+// dequantizes exactly the bytes it gathered (with its own copy of the
+// entry's scale bytes), so its own cp.async wait suffices: no barrier
+// between the staging and the dequantization.
 // ----------------------------------------------------------------------------
 __device__ __forceinline__ void issue_stage(const AttnParams& p, EntryRef r, uint8_t* smem, int kb) {
   const int e = threadIdx.x >> 3, q = threadIdx.x & 7;
@@ -150,16 +153,14 @@ __device__ __forceinline__ void issue_stage(const AttnParams& p, EntryRef r, uin
 #pragma unroll
   for (int j = 0; j < 5; ++j)
     if (q + 8 * j < 36) cp_async_16(dst + 16 * (q + 8 * j), data + 16 * (q + 8 * j), nb);
-  if (q == 0) {
-    cp_async_8(smem_u32(smem + kOffStage + kStageData) + e * 8, scales, nb / 2);
-    smem[kOffMask + kb * kTileEntries + kHalf + e] = valid ? 1 : 0;
-  }
+  cp_async_8(smem_u32(smem + kOffStage + kStageData) + threadIdx.x * 8, scales, nb / 2);
+  if (q == 0) smem[kOffMask + kb * kTileEntries + kHalf + e] = valid ? 1 : 0;
 }
 
 __device__ __forceinline__ void dequantize_stage(uint8_t* smem, int kb) {
   const int e = threadIdx.x >> 3, q = threadIdx.x & 7;
   const uint8_t* raw = smem + kOffStage + e * 576;
-  const uint2 sc = *reinterpret_cast<const uint2*>(smem + kOffStage + kStageData + e * 8);
+  const uint2 sc = *reinterpret_cast<const uint2*>(smem + kOffStage + kStageData + threadIdx.x * 8);
   uint8_t* kbuf = smem + kOffK0 + kb * kKBytes;
   const int row = kHalf + e;
 #pragma unroll
@@ -180,8 +181,10 @@ __device__ __forceinline__ void dequantize_stage(uint8_t* smem, int kb) {
     *reinterpret_cast<uint4*>(kbuf + chunk_off(row, 2 * k + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
     if (has_nan_codes(v)) patch_nan_codes(v, kbuf, row, 16 * k);
   }
-  // dims 448..511: record chunk 28 + q is K chunk 56 + q
-  *reinterpret_cast<uint4*>(kbuf + chunk_off(row, 56 + q)) = *reinterpret_cast<const uint4*>(raw + 16 * (28 + q));
+  // dims 448..511 (record chunks 28..35 are K chunks 56..63): the one this
+  // thread gathered, 28 + q' for q' = q + 4 (q < 4) or q - 4.
+  const int kr = q < 4 ? 32 + q : 24 + q;
+  *reinterpret_cast<uint4*>(kbuf + chunk_off(row, kr + 28)) = *reinterpret_cast<const uint4*>(raw + 16 * kr);
 }
 
 // ----------------------------------------------------------------------------
@@ -233,14 +236,13 @@ __device__ __forceinline__ void consume(const AttnParams& p, uint8_t* smem, int 
       m_run[0] = m_run[1] = -INFINITY;
       l_run[0] = l_run[1] = 0.0f;
     }
-    // B1: the staged half of this tile (and at a unit start its Q) landed
-    // for every thread; every consumer is past the previous tile's P V.
+    // This thread's share of the staged half (and at a unit start of Q) has
+    // landed. K buffer kb is free: the P V that last read it (tile s - 2)
+    // completed before both groups passed B4 of tile s - 1.
     cp_async_wait_group<0>();
-    fence_proxy_async();  // Q came through cp.async, wgmma reads it
-    bar_sync(kBarConsumers, kConsumerThreads);
     dequantize_stage(smem, kb);
-    fence_proxy_async();
-    bar_sync(kBarConsumers, kConsumerThreads);  // B2: rows 32..63 ready, the staging slot is free
+    fence_proxy_async();  // K rows 32..63 (and Q, through cp.async) are read by wgmma
+    bar_sync(kBarConsumers, kConsumerThreads);  // B2: rows 32..63 and Q ready, the staging slot is free
     if (s + 1 < n) issue_stage(p, pending, smem, kb ^ 1);
     cp_async_commit();
     if (s + 2 < n) pending = fetch_ref(p, gw, tile + 2, kHalf + (tid >> 3));
