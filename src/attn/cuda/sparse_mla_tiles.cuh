@@ -1,52 +1,56 @@
 #pragma once
-// The tile loop of the sparse-attention kernel: a producer warpgroup
-// prepares half of the tiles ahead while two consumer warpgroups compute.
-// Included by sparse_mla_kernel.cu only.
-//
-// Three warpgroups, one CTA per SM, two bf16 K buffers (tile s in buffer
-// s % 2):
-//  * the producer (warpgroup 2) loads entries 0..31 of each tile into
-//    registers two tiles ahead, dequantizes them into rows 0..31 of the
-//    tile's K buffer once the consumers have released it ("empty" mbarrier)
-//    and signals "full";
-//  * the consumers (warpgroups 0 and 1) gather entries 32..63 of the next
-//    tile with cp.async into a staging slot, dequantize them at the start of
-//    that tile into rows 32..63, wait for "full", and then run Q K^T, the
-//    online softmax and P V; a tile's P V runs on into the next tile.
-// So half of the gathers and dequantization leave the consumers' serial
-// path and overlap their tensor work. Shared memory: Q 64 KB, two K buffers
-// 128 KB, P 8 KB, the staging slot 18.3 KB (a whole tile of raw records and
-// two K buffers would not fit). Why this split: docs/perf-notes.md, runs
-// 24-27 (the producer alone was too slow for whole tiles, runs 10-12).
+// The tile loop of the sparse-attention kernel: three warpgroups with
+// different roles, one CTA per SM, two bf16 K buffers (tile s in buffer
+// s % 2). Included by sparse_mla_kernel.cu only.
+//  * Producer (warpgroup 2): loads the records of entries 0..31 of each tile
+//    into registers two tiles ahead, dequantizes them into rows 0..31 of the
+//    tile's K buffer once both consumers have released it ("empty"
+//    mbarrier) and signals "full".
+//  * V (warpgroup 1): gathers entries 32..63 of the next tile but one with
+//    cp.async into a staging slot, dequantizes them into rows 32..63 while
+//    its P V of the current tile runs, and signals "half"; its P V covers
+//    dims 256..511 with P from shared memory.
+//  * S (warpgroup 0): waits for "full" and "half", computes all of
+//    S = Q K^T (64 heads x 64 entries), runs the online softmax with the sink
+//    over whole rows, writes P (and the rows' rescale factors) for V, and
+//    computes P V for dims 0..255.
+// So the gathers and dequantization of both halves overlap the tensor work,
+// and S and V meet once per tile (P ready / P free). Shared memory: Q 64 KB,
+// two K buffers 128 KB, P 8 KB, the staging slot 19 KB (a whole tile of raw
+// records next to two K buffers would not fit). Why this split:
+// docs/perf-notes.md (runs 26-30).
 #include "attn/cuda/sparse_mla_common.cuh"
 
 namespace dsv4::cuda::mla {
 
-static_assert(kAttnThreads == 3 * 128 && kConsumerThreads == 256, "two consumer warpgroups, one producer");
+static_assert(kAttnThreads == 3 * 128, "S, V and producer warpgroups");
 // Registers per thread by role (setmaxnreg): the launch gives 168 each
-// (65,536 / 384, rounded down to a multiple of 8); the producer hands 48 to
-// the consumers, whose accumulators and fragments need them.
-constexpr int kRegsConsumer = 192, kRegsProducer = 120;
-static_assert(2 * kRegsConsumer + kRegsProducer <= 3 * 168, "register file");
+// (65,536 / 384, rounded down to a multiple of 8); the producer hands 40 to
+// S and V, whose accumulators need them (the smallest split without spills
+// or serialized wgmma).
+constexpr int kRegsS = 192, kRegsV = 184, kRegsProducer = 128;
+static_assert(kRegsS + kRegsV + kRegsProducer <= 3 * 168, "register file");
 
-constexpr int kHalf = kTileEntries / 2;  // entries per producer / consumer half
+constexpr int kHalf = kTileEntries / 2;  // entries per producer / V half
 constexpr int kStageData = kHalf * 576;
-constexpr int kOffK0 = kQBytes;                       // K buffer b at kOffK0 + b * kKBytes
-constexpr int kOffP = kOffK0 + 2 * kKBytes;          // P: 64 heads x 64 entries bf16
-constexpr int kOffStage = kOffP + kPBytes;           // records of entries 32..63, then a copy of their scales per thread
-constexpr int kOffMask = kOffStage + kStageData + kConsumerThreads * 8;  // [2 buffers][64]: entry valid
-constexpr int kOffMx = kOffMask + 2 * kTileEntries;         // [2 groups][64] floats: tile row max
-constexpr int kOffLp = kOffMx + 2 * 64 * 4;                 // [2 groups][64] floats: row sums
-constexpr int kOffM = kOffLp + 2 * 64 * 4;                  // [64] floats: row max at unit end
-constexpr int kOffBar = kOffM + 64 * 4;                     // mbarriers full[2], empty[2]
-constexpr int kSmemBytes = kOffBar + 32 + 1024;              // + room to align the base
+constexpr int kOffK0 = kQBytes;                             // K buffer b at kOffK0 + b * kKBytes
+constexpr int kOffP = kOffK0 + 2 * kKBytes;                 // P: 64 heads x 64 entries bf16
+constexpr int kOffStage = kOffP + kPBytes;                  // 32 records, then V's scale copies (8 bytes a thread)
+constexpr int kOffMask = kOffStage + kStageData + 128 * 8;  // [2 buffers][64]: entry valid
+constexpr int kOffAlpha = kOffMask + 2 * kTileEntries;      // [64] floats: this tile's rescale of O rows
+constexpr int kOffStats = kOffAlpha + 64 * 4;               // m[64], l[64] at a unit end
+constexpr int kOffBar = kOffStats + 2 * 64 * 4;             // mbarriers full[2], half[2], empty[2]
+constexpr int kSmemBytes = kOffBar + 48 + 1024;             // + room to align the base
 static_assert(kOffP % 1024 == 0 && kOffBar % 8 == 0, "alignment");
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
 
-constexpr uint32_t kBarConsumers = 1;  // named barrier of the 256 consumer threads
+// Named barriers: P ready (S arrives, V syncs), P free (V arrives, S syncs),
+// each 256 threads; S's own barrier (128).
+constexpr uint32_t kBarPReady = 1, kBarPFree = 2, kBarS = 3;
 
 __device__ __forceinline__ uint32_t full_bar(uint32_t sbase, int b) { return sbase + kOffBar + 8 * b; }
-__device__ __forceinline__ uint32_t empty_bar(uint32_t sbase, int b) { return sbase + kOffBar + 16 + 8 * b; }
+__device__ __forceinline__ uint32_t half_bar(uint32_t sbase, int b) { return sbase + kOffBar + 16 + 8 * b; }
+__device__ __forceinline__ uint32_t empty_bar(uint32_t sbase, int b) { return sbase + kOffBar + 32 + 8 * b; }
 
 // An mbarrier wait; with diagnostics on, `timer` (one thread of the
 // warpgroup) adds the nanoseconds it waited to debug slot k.
@@ -80,31 +84,38 @@ __device__ __forceinline__ void load_quarter(const AttnParams& p, EntryRef r, in
   x.scales = x.valid ? __ldg(reinterpret_cast<const uint2*>(rp.scales)) : make_uint2(0, 0);
 }
 
+// Dequantizes record chunk k (16 bytes v; sb: the scale byte of its 64-dim
+// block when k < 28) into row e of the K buffer at kbuf.
+__device__ __forceinline__ void store_chunk(uint8_t* kbuf, int e, int k, uint4 v, uint32_t sb) {
+  if (k >= 28) {  // dims 448..511 are bf16 already: record chunk k is K chunk k + 28
+    *reinterpret_cast<uint4*>(kbuf + chunk_off(e, k + 28)) = v;
+    return;
+  }
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  const ScaleFactors f = scale_factors(sb);
+  uint32_t o[8];
+  if (sb <= 134u)
+    dequant_chunk<false>(w, f, o);
+  else  // scales >= 2^8: never produced for real caches, exact two-step path
+    dequant_chunk<true>(w, f, o);
+  *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k)) = make_uint4(o[0], o[1], o[2], o[3]);
+  *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+  if (has_nan_codes(v)) patch_nan_codes(v, kbuf, e, 16 * k);
+}
+
+// The scale byte of step `step` (< 7: 64-dim block `step`) of a quarter.
+__device__ __forceinline__ uint32_t step_scale(uint2 scales, int step) {
+  return (step < 4 ? scales.x >> (8 * step) : scales.y >> (8 * (step - 4))) & 0xffu;
+}
+
 // Dequantizes one quarter into row e of the K buffer at kbuf.
 __device__ __forceinline__ void store_quarter(uint8_t* kbuf, int e, int q, const Quarter& x) {
 #pragma unroll
-  for (int step = 0; step < 9; ++step) {
-    const int k = record_chunk(q, step);
-    if (step < 7) {
-      const uint32_t w[4] = {x.c[step].x, x.c[step].y, x.c[step].z, x.c[step].w};
-      const uint32_t sb = (step < 4 ? x.scales.x >> (8 * step) : x.scales.y >> (8 * (step - 4))) & 0xffu;
-      const ScaleFactors f = scale_factors(sb);
-      uint32_t o[8];
-      if (sb <= 134u)
-        dequant_chunk<false>(w, f, o);
-      else  // scales >= 2^8: never produced for real caches, exact two-step path
-        dequant_chunk<true>(w, f, o);
-      *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k)) = make_uint4(o[0], o[1], o[2], o[3]);
-      *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
-      if (has_nan_codes(x.c[step])) patch_nan_codes(x.c[step], kbuf, e, 16 * k);
-    } else {  // dims 448..511 are bf16 already: record chunk k is K chunk k + 28
-      *reinterpret_cast<uint4*>(kbuf + chunk_off(e, k + 28)) = x.c[step];
-    }
-  }
+  for (int step = 0; step < 9; ++step) store_chunk(kbuf, e, record_chunk(q, step), x.c[step], step_scale(x.scales, step));
 }
 
 __device__ __forceinline__ void produce(const AttnParams& p, uint8_t* smem, int a, int b, int u0) {
-  const int tp = threadIdx.x - kConsumerThreads, e = tp >> 2, q = tp & 3;
+  const int tp = threadIdx.x - 256, e = tp >> 2, q = tp & 3;
   const uint32_t sbase = smem_u32(smem);
   const int n = b - a;
   UnitWalker w;
@@ -136,280 +147,313 @@ __device__ __forceinline__ void produce(const AttnParams& p, uint8_t* smem, int 
 }
 
 // ----------------------------------------------------------------------------
-// Consumers' half of the gathers and dequantization. Thread t (0..255)
-// serves entry 32 + t / 8 and its record chunks t % 8 + 8 j: the 8 threads of
-// a 16-byte access phase read one entry's 128 contiguous bytes. Each thread
-// dequantizes exactly the bytes it gathered (with its own copy of the
-// entry's scale bytes), so its own cp.async wait suffices: no barrier
-// between the staging and the dequantization.
+// V's gathers and dequantization. Thread tv (0..127) serves entry 32 + tv / 4
+// and the record chunks of a producer thread (record_chunk(tv % 4, step)),
+// with its own copy of the entry's scale bytes: each thread dequantizes
+// exactly the bytes it gathered, so its own cp.async wait suffices.
 // ----------------------------------------------------------------------------
-__device__ __forceinline__ void issue_stage(const AttnParams& p, EntryRef r, uint8_t* smem, int kb) {
-  const int e = threadIdx.x >> 3, q = threadIdx.x & 7;
+__device__ __forceinline__ void issue_stage(const AttnParams& p, EntryRef r, uint8_t* smem, int kb, int tv) {
+  const int e = tv >> 2, q = tv & 3;
   auto [data, scales] = record_ptrs(p, r);
   const bool valid = data != nullptr;
   if (!valid) data = scales = reinterpret_cast<const uint8_t*>(p.q);  // any valid address: nothing is read
   const uint32_t dst = smem_u32(smem + kOffStage) + e * 576;
   const uint32_t nb = valid ? 16u : 0u;
 #pragma unroll
-  for (int j = 0; j < 5; ++j)
-    if (q + 8 * j < 36) cp_async_16(dst + 16 * (q + 8 * j), data + 16 * (q + 8 * j), nb);
-  cp_async_8(smem_u32(smem + kOffStage + kStageData) + threadIdx.x * 8, scales, nb / 2);
+  for (int step = 0; step < 9; ++step) {
+    const int c = record_chunk(q, step);
+    cp_async_16(dst + 16 * c, data + 16 * c, nb);
+  }
+  cp_async_8(smem_u32(smem + kOffStage + kStageData) + tv * 8, scales, nb / 2);
   if (q == 0) smem[kOffMask + kb * kTileEntries + kHalf + e] = valid ? 1 : 0;
 }
 
-__device__ __forceinline__ void dequantize_stage(uint8_t* smem, int kb) {
-  const int e = threadIdx.x >> 3, q = threadIdx.x & 7;
+__device__ __forceinline__ void dequantize_stage(uint8_t* smem, int kb, int tv) {
+  const int e = tv >> 2, q = tv & 3;
   const uint8_t* raw = smem + kOffStage + e * 576;
-  const uint2 sc = *reinterpret_cast<const uint2*>(smem + kOffStage + kStageData + threadIdx.x * 8);
+  const uint2 scales = *reinterpret_cast<const uint2*>(smem + kOffStage + kStageData + tv * 8);
   uint8_t* kbuf = smem + kOffK0 + kb * kKBytes;
-  const int row = kHalf + e;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int k = q + 8 * j;  // fp8 chunk: dims 16 k .. 16 k + 15, scale block k / 4
-    if (k >= 28) break;
-    const uint4 v = *reinterpret_cast<const uint4*>(raw + 16 * k);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    const int blk = k >> 2;
-    const uint32_t sb = (blk < 4 ? sc.x >> (8 * blk) : sc.y >> (8 * (blk - 4))) & 0xffu;
-    const ScaleFactors f = scale_factors(sb);
-    uint32_t o[8];
-    if (sb <= 134u)
-      dequant_chunk<false>(w, f, o);
-    else
-      dequant_chunk<true>(w, f, o);
-    *reinterpret_cast<uint4*>(kbuf + chunk_off(row, 2 * k)) = make_uint4(o[0], o[1], o[2], o[3]);
-    *reinterpret_cast<uint4*>(kbuf + chunk_off(row, 2 * k + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
-    if (has_nan_codes(v)) patch_nan_codes(v, kbuf, row, 16 * k);
+#pragma unroll 1  // one chunk at a time: V's accumulators are live (its P V runs meanwhile)
+  for (int step = 0; step < 9; ++step) {
+    const int k = record_chunk(q, step);
+    store_chunk(kbuf, kHalf + e, k, *reinterpret_cast<const uint4*>(raw + 16 * k), step_scale(scales, step));
   }
-  // dims 448..511 (record chunks 28..35 are K chunks 56..63): the one this
-  // thread gathered, 28 + q' for q' = q + 4 (q < 4) or q - 4.
-  const int kr = q < 4 ? 32 + q : 24 + q;
-  *reinterpret_cast<uint4*>(kbuf + chunk_off(row, kr + 28)) = *reinterpret_cast<const uint4*>(raw + 16 * kr);
 }
 
 // ----------------------------------------------------------------------------
-// Consumers. Warpgroup wg computes S for entries [32 wg, +32) of all 64
-// heads (m64n32k16, two accumulation chains: a chain of dependent wgmma
-// steps is latency-bound) and O for dims [256 wg, +256) (m64n256k16, A = P
-// from shared memory). Warp w4 = warp % 4 of a group owns rows
-// r0 = 16 w4 + g and r0 + 8 of both (g = lane / 4): acc[4 j + e] is row
-// r0 + 8 (e / 2), dim 256 wg + 8 j + 2 c4 + e % 2 (c4 = lane % 4). The groups
-// swap row maxima (and, at the end of a unit, row sums) through shared memory.
+// Fragment layouts (wgmma accumulators): warp w4 = warp % 4 of a warpgroup
+// owns rows r0 = 16 w4 + g and r0 + 8 (g = lane / 4); n8 tile j holds
+// columns 8 j + 2 c4 and + 1 (c4 = lane % 4). S: 8 n8 tiles (entries); O:
+// acc[4 j + e] is row r0 + 8 (e / 2), dim 256 wg + 8 j + 2 c4 + e % 2.
 // ----------------------------------------------------------------------------
-__device__ __forceinline__ void consume(const AttnParams& p, uint8_t* smem, int a, int b, int u0) {
-  const int tid = threadIdx.x, lane = tid & 31, cw = tid >> 5;
-  const int g = lane >> 2, c4 = lane & 3;
-  // Warp-uniform in the compiler's eyes (a shuffle from lane 0): the wgmma
-  // descriptors built from it stay in uniform registers.
-  const int wg = __shfl_sync(0xffffffffu, cw >> 2, 0), w4 = cw & 3;
-  const int r0 = 16 * w4 + g;
+struct UnitEnd {
+  int tok, hb, heff, pslot;
+  bool whole;
+};
+
+__device__ __forceinline__ UnitEnd unit_end(const AttnParams& p, const UnitWalker& w, int a, int b, int u0) {
+  UnitEnd u;
+  u.tok = w.tok;
+  u.hb = w.hb;
+  u.heff = min(kHeadBlock, p.num_heads - w.hb * kHeadBlock);
+  u.whole = w.begin() >= a && w.end() <= b;
+  u.pslot = w.u == u0 ? 0 : 1;
+  return u;
+}
+
+// Writes warpgroup wg's 256 dims of a finished unit: bf16 output staged
+// through its own planes of K buffer kb (rows of 512 bytes, 16-byte chunk c
+// of row r at c ^ (r % 8); its P V is done and the other warpgroup reads
+// other planes), or an fp32 partial for the combine. m, l: this thread's
+// rows' maximum (log2 units) and sum. bar: the warpgroup's named barrier.
+__device__ __forceinline__ void finish_half(const AttnParams& p, uint8_t* smem, const float (&acc)[128], int wg,
+                                            int kb, const UnitEnd& u, const float (&m)[2], const float (&l)[2],
+                                            uint32_t bar) {
+  const int t = threadIdx.x & 127, lane = t & 31, g = lane >> 2, c4 = lane & 3, r0 = 16 * (t >> 5) + g;
+  if (u.whole) {
+    uint8_t* stage = smem + kOffK0 + kb * kKBytes + 4 * wg * kPlane;
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const int r = r0 + 8 * ri;
+      if (r >= u.heff) continue;
+      // m = -inf (nothing attended): exp2(+inf) = inf, inv = 0, o = 0.
+      const float inv = 1.0f / (l[ri] + fast_exp2(p.sink[u.hb * kHeadBlock + r] * kLog2e - m[ri]));
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<uint32_t*>(stage + r * 512 + ((j ^ (r & 7)) << 4) + 4 * c4) =
+            pack_bf16(acc[4 * j + 2 * ri] * inv, acc[4 * j + 2 * ri + 1] * inv);
+      if (wg == 0 && c4 == 0 && p.lse != nullptr)
+        p.lse[int64_t(u.tok) * p.num_heads + u.hb * kHeadBlock + r] = l[ri] > 0.0f ? m[ri] * kLn2 + logf(l[ri]) : -INFINITY;
+    }
+    bar_sync(bar, 128);
+    uint16_t* out = p.out + (int64_t(u.tok) * p.num_heads + u.hb * kHeadBlock) * 512 + 256 * wg;
+#pragma unroll 4
+    for (int i = t; i < u.heff * 32; i += 128) {
+      const int row = i >> 5, c = i & 31;
+      *reinterpret_cast<uint4*>(out + row * 512 + c * 8) =
+          *reinterpret_cast<const uint4*>(stage + row * 512 + ((c ^ (row & 7)) << 4));
+    }
+  } else {
+    const int part = blockIdx.x * 2 + u.pslot;
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const int r = r0 + 8 * ri;
+      if (r >= u.heff) continue;
+      float* ob = p.partial_o + (int64_t(part) * 64 + r) * 512 + 256 * wg + 2 * c4;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(ob + 8 * j) = make_float2(acc[4 * j + 2 * ri], acc[4 * j + 2 * ri + 1]);
+      if (wg == 0 && c4 == 0) p.partial_ml[part * 64 + r] = make_float2(m[ri], l[ri]);
+    }
+  }
+}
+
+// O = alpha O + P V over warpgroup wg's dims (A = P from shared memory; B = V:
+// entries are K, 8-row groups 1024 bytes apart = SBO, dims are N, contiguous
+// inside a 64-dim plane with the next 64 dims one plane (LBO) further:
+// MN-major). A unit's first tile overwrites O (scale-d 0). Issued, not waited.
+__device__ __forceinline__ void issue_pv(float (&acc)[128], uint32_t sbase, int kb, int wg, bool unit_first, float alpha0,
+                                         float alpha1) {
+  if (!unit_first && __any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      acc[4 * j] *= alpha0;
+      acc[4 * j + 1] *= alpha0;
+      acc[4 * j + 2] *= alpha1;
+      acc[4 * j + 3] *= alpha1;
+    }
+  }
+  const uint64_t dp = sw128_desc(sbase + kOffP, 16, 1024);
+  const uint64_t dv = sw128_desc(sbase + kOffK0 + kb * kKBytes + 4 * wg * kPlane, kPlane, 1024);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_tb(acc, dp + ((kk * 32) >> 4), dv + ((kk * 16 * 128) >> 4), kk > 0 || !unit_first);
+  wgmma_commit();
+}
+
+// Q rows of one unit, by S's 128 threads.
+__device__ __forceinline__ void load_q(const AttnParams& p, uint8_t* smem, int unit) {
+  const int t = unit / p.head_blocks, hb = unit - t * p.head_blocks;
+  const uint32_t qs = smem_u32(smem + kOffQ);
+#pragma unroll 4
+  for (int i = threadIdx.x; i < kHeadBlock * 64; i += 128) {
+    const int row = i >> 6, c = i & 63;
+    const int head = hb * kHeadBlock + row;
+    const bool valid = head < p.num_heads;  // padded heads read as zeros
+    const uint16_t* src = p.q + (int64_t(t) * p.num_heads + (valid ? head : 0)) * 512 + c * 8;
+    cp_async_16(qs + chunk_off(row, c), src, valid ? 16 : 0);
+  }
+}
+
+// ---- S (warpgroup 0) ---------------------------------------------------------
+__device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, int a, int b, int u0) {
+  const int t = threadIdx.x, lane = t & 31, g = lane >> 2, c4 = lane & 3, r0 = 16 * (t >> 5) + g;
   const int n = b - a;
   const uint32_t sbase = smem_u32(smem);
-  float* mx_buf = reinterpret_cast<float*>(smem + kOffMx);
-  float* lp_buf = reinterpret_cast<float*>(smem + kOffLp);
-  float* m_buf = reinterpret_cast<float*>(smem + kOffM);
-
-  UnitWalker gw;  // the staging cursor, one tile ahead
-  gw.start(p, u0);
-  load_q_async(p, smem, u0);
-  issue_stage(p, fetch_ref(p, gw, a, kHalf + (tid >> 3)), smem, 0);
+  float* alpha_buf = reinterpret_cast<float*>(smem + kOffAlpha);
+  float* stats = reinterpret_cast<float*>(smem + kOffStats);
+  load_q(p, smem, u0);
   cp_async_commit();
-  EntryRef pending{-1, -1};
-  if (n > 1) pending = fetch_ref(p, gw, a + 1, kHalf + (tid >> 3));
-
   float acc[128];
   float m_run[2], l_run[2];
-  // P V of a tile that does not end a unit is left running into the next
-  // tile (its staging, dequantization and Q K^T); the wait of that Q K^T
-  // completes it too (wgmma groups complete in order), and only then is its
-  // K buffer released to the producer.
-  int release = -1;  // K buffer whose P V is still in flight
   UnitWalker w;
   w.start(p, u0);
-
   for (int s = 0; s < n; ++s) {
     const int tile = a + s, kb = s & 1;
     if (tile >= w.end()) w.advance();
     const bool unit_first = s == 0 || tile == w.begin();
     const bool unit_last = s + 1 == n || tile + 1 == w.end();
-    if (unit_first) {  // acc: overwritten by the unit's first P V (scale-d 0)
+    if (unit_first) {  // acc: overwritten by the unit's first P V
       m_run[0] = m_run[1] = -INFINITY;
       l_run[0] = l_run[1] = 0.0f;
+      cp_async_wait_group<0>();
+      fence_proxy_async();  // Q came through cp.async, wgmma reads it
+      bar_sync(kBarS, 128);
     }
-    // This thread's share of the staged half (and at a unit start of Q) has
-    // landed. K buffer kb is free: the P V that last read it (tile s - 2)
-    // completed before both groups passed B4 of tile s - 1.
-    cp_async_wait_group<0>();
-    dequantize_stage(smem, kb);
-    fence_proxy_async();  // K rows 32..63 (and Q, through cp.async) are read by wgmma
-    bar_sync(kBarConsumers, kConsumerThreads);  // B2: rows 32..63 and Q ready, the staging slot is free
-    if (s + 1 < n) issue_stage(p, pending, smem, kb ^ 1);
-    cp_async_commit();
-    if (s + 2 < n) pending = fetch_ref(p, gw, tile + 2, kHalf + (tid >> 3));
-    timed_wait(p, full_bar(sbase, kb), (s >> 1) & 1, tid == 0, kDebugConsumerWait);  // rows 0..31 from the producer
+    timed_wait(p, full_bar(sbase, kb), (s >> 1) & 1, t == 0, kDebugConsumerWait);  // rows 0..31
+    mbar_wait(half_bar(sbase, kb), (s >> 1) & 1);                                   // rows 32..63
 
-    // ---- S = Q K^T for entries [32 wg, +32): two chains (even, odd k-steps) ----
-    float s_[16];
-    {
-      float sg[16];
+    // ---- S = Q K^T, 64 heads x 64 entries ---------------------------------------
+    float sc[32];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) s_[i] = sg[i] = 0.0f;  // overwritten (scale-d 0) by each chain's first step
+    for (int i = 0; i < 32; ++i) sc[i] = 0.0f;  // overwritten (scale-d 0) by the first step
+    {
       const uint64_t dq = sw128_desc(sbase + kOffQ, 16, 1024);
-      const uint64_t dk = sw128_desc(sbase + kOffK0 + kb * kKBytes + 32 * wg * 128, 16, 1024);
+      const uint64_t dk = sw128_desc(sbase + kOffK0 + kb * kKBytes, 16, 1024);
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 32; ++ks) {  // k16 step: plane ks / 4, 32-byte column (ks % 4)
         const uint32_t o = ((ks >> 2) * kPlane + (ks & 3) * 32) >> 4;
-        if (ks & 1)
-          wgmma_m64n32k16(sg, dq + o, dk + o, ks > 1);
-        else
-          wgmma_m64n32k16(s_, dq + o, dk + o, ks > 0);
+        wgmma_m64n64k16(sc, dq + o, dk + o, ks > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
-      fence_regs(s_);
-      fence_regs(sg);
-      fence_regs(acc);
-      if (release >= 0 && lane == 0) mbar_arrive(empty_bar(sbase, release));  // the previous P V is done
-      release = -1;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) s_[i] += sg[i];
+      fence_regs(sc);
     }
-
-    // ---- tile row maxima, exchanged between the groups ----------------------
-    const uint8_t* mask = smem + kOffMask + kb * kTileEntries + 32 * wg;
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = 8 * j + 2 * c4;
-      const bool v0 = mask[col] != 0, v1 = mask[col + 1] != 0;
-      s_[4 * j] = v0 ? s_[4 * j] * p.scale_log2 : -INFINITY;
-      s_[4 * j + 1] = v1 ? s_[4 * j + 1] * p.scale_log2 : -INFINITY;
-      s_[4 * j + 2] = v0 ? s_[4 * j + 2] * p.scale_log2 : -INFINITY;
-      s_[4 * j + 3] = v1 ? s_[4 * j + 3] * p.scale_log2 : -INFINITY;
-      mx0 = fmaxf(mx0, fmaxf(s_[4 * j], s_[4 * j + 1]));
-      mx1 = fmaxf(mx1, fmaxf(s_[4 * j + 2], s_[4 * j + 3]));
-    }
-    mx0 = quad_max(mx0);
-    mx1 = quad_max(mx1);
-    if (c4 == 0) {
-      mx_buf[wg * 64 + r0] = mx0;
-      mx_buf[wg * 64 + r0 + 8] = mx1;
-    }
-    bar_sync(kBarConsumers, kConsumerThreads);  // B4: maxima exchanged; Q is free at a unit end
-    if (unit_last && s + 1 < n) {
-      load_q_async(p, smem, w.u + 1);
+    if (unit_last && s + 1 < n) {  // Q is free: the next unit's
+      load_q(p, smem, w.u + 1);
       cp_async_commit();
     }
 
-    // ---- online softmax with the sink ------------------------------------------
-    const float mn0 = fmaxf(m_run[0], fmaxf(mx0, mx_buf[(1 - wg) * 64 + r0]));
-    const float mn1 = fmaxf(m_run[1], fmaxf(mx1, mx_buf[(1 - wg) * 64 + r0 + 8]));
+    // ---- online softmax with the sink, whole rows --------------------------------
+    const uint8_t* mask = smem + kOffMask + kb * kTileEntries;
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int col = 8 * j + 2 * c4;
+      const bool v0 = mask[col] != 0, v1 = mask[col + 1] != 0;
+      sc[4 * j] = v0 ? sc[4 * j] * p.scale_log2 : -INFINITY;
+      sc[4 * j + 1] = v1 ? sc[4 * j + 1] * p.scale_log2 : -INFINITY;
+      sc[4 * j + 2] = v0 ? sc[4 * j + 2] * p.scale_log2 : -INFINITY;
+      sc[4 * j + 3] = v1 ? sc[4 * j + 3] * p.scale_log2 : -INFINITY;
+      mx0 = fmaxf(mx0, fmaxf(sc[4 * j], sc[4 * j + 1]));
+      mx1 = fmaxf(mx1, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
+    }
+    const float mn0 = fmaxf(m_run[0], quad_max(mx0)), mn1 = fmaxf(m_run[1], quad_max(mx1));
     // Rows with nothing attended yet keep max -inf: use 0 as the exponent base.
     const float base0 = mn0 == -INFINITY ? 0.0f : mn0, base1 = mn1 == -INFINITY ? 0.0f : mn1;
     const float alpha0 = fast_exp2(m_run[0] - base0), alpha1 = fast_exp2(m_run[1] - base1);
     m_run[0] = mn0;
     m_run[1] = mn1;
+    if (s > 0) bar_sync(kBarPFree, 256);  // V is done with the previous P, alpha and statistics
     float sum0 = 0.0f, sum1 = 0.0f;
     uint8_t* prow0 = smem + kOffP + r0 * 128 + 4 * c4;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float p0 = fast_exp2(s_[4 * j] - base0), p1 = fast_exp2(s_[4 * j + 1] - base0);
-      const float p2 = fast_exp2(s_[4 * j + 2] - base1), p3 = fast_exp2(s_[4 * j + 3] - base1);
+    for (int j = 0; j < 8; ++j) {
+      const float p0 = fast_exp2(sc[4 * j] - base0), p1 = fast_exp2(sc[4 * j + 1] - base0);
+      const float p2 = fast_exp2(sc[4 * j + 2] - base1), p3 = fast_exp2(sc[4 * j + 3] - base1);
       sum0 += p0 + p1;
       sum1 += p2 + p3;
-      const int chunk = ((4 * wg + j) ^ g) << 4;  // rows r0, r0 + 8 both have row & 7 == g
+      const int chunk = (j ^ g) << 4;  // rows r0, r0 + 8 both have row & 7 == g
       *reinterpret_cast<uint32_t*>(prow0 + chunk) = pack_bf16(p0, p1);
       *reinterpret_cast<uint32_t*>(prow0 + 8 * 128 + chunk) = pack_bf16(p2, p3);
     }
     l_run[0] = l_run[0] * alpha0 + sum0;
     l_run[1] = l_run[1] * alpha1 + sum1;
-    fence_proxy_async();
-    bar_sync(kBarConsumers, kConsumerThreads);  // B5: P ready
-
-    // ---- O[:, 256 wg + 0:256) = alpha O + P V ----------------------------------
-    if (!unit_first && __any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        acc[4 * j] *= alpha0;
-        acc[4 * j + 1] *= alpha0;
-        acc[4 * j + 2] *= alpha1;
-        acc[4 * j + 3] *= alpha1;
+    float l_row[2] = {0.0f, 0.0f};
+    if (unit_last) {
+      l_row[0] = quad_sum(l_run[0]);
+      l_row[1] = quad_sum(l_run[1]);
+    }
+    if (c4 == 0) {
+      alpha_buf[r0] = alpha0;
+      alpha_buf[r0 + 8] = alpha1;
+      if (unit_last) {
+        stats[r0] = m_run[0];
+        stats[r0 + 8] = m_run[1];
+        stats[64 + r0] = l_row[0];
+        stats[64 + r0 + 8] = l_row[1];
       }
     }
-    {
-      // A = P (K-major, one plane); B = V: entries are K (8-row groups 1024
-      // bytes apart = SBO), dims are N, contiguous inside a 64-dim plane with
-      // the next 64 dims one plane (LBO) further: MN-major.
-      const uint64_t dp = sw128_desc(sbase + kOffP, 16, 1024);
-      const uint64_t dv = sw128_desc(sbase + kOffK0 + kb * kKBytes + 4 * wg * kPlane, kPlane, 1024);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmma_m64n256k16_tb(acc, dp + ((kk * 32) >> 4), dv + ((kk * 16 * 128) >> 4), kk > 0 || !unit_first);
-      wgmma_commit();
-    }
-    if (!unit_last) {
-      release = kb;
-      continue;
-    }
+    fence_proxy_async();  // P is read by wgmma
+    bar_sync(kBarS, 128);  // all of P is written (S's own P V reads it)
+    named_arrive(kBarPReady, 256);
+
+    // (Left running into the next tile, this P V made ptxas serialize S's
+    // wgmma: its accumulators and Q K^T's do not fit S's registers together.)
+    issue_pv(acc, sbase, kb, 0, unit_first, alpha0, alpha1);
     wgmma_wait<0>();
     fence_regs(acc);
-
-    // ---- end of this CTA's part of the unit --------------------------------
-    const float l0 = quad_sum(l_run[0]), l1 = quad_sum(l_run[1]);
-    if (c4 == 0) {
-      lp_buf[wg * 64 + r0] = l0;
-      lp_buf[wg * 64 + r0 + 8] = l1;
-      if (wg == 0) {
-        m_buf[r0] = m_run[0];
-        m_buf[r0 + 8] = m_run[1];
-      }
-    }
-    bar_sync(kBarConsumers, kConsumerThreads);
-    const int u = w.u, t = w.tok, hb = w.hb;
-    const int heff = min(kHeadBlock, p.num_heads - hb * kHeadBlock);
-    const bool whole = w.begin() >= a && w.end() <= b;
-    const int pslot = u == u0 ? 0 : 1;
-    const int col_base = 256 * wg + 2 * c4;
-    const bool writes_row_stats = c4 == 0 && wg == 0;
-    if (whole) {
-      // Through K buffer kb: every consumer is past its P V (the barrier
-      // above), and the producer does not touch it before this tile's
-      // "empty" arrival below.
-      uint8_t* stage = smem + kOffK0 + kb * kKBytes;
-      float* lse = p.lse == nullptr || !writes_row_stats ? nullptr : p.lse + int64_t(t) * p.num_heads + hb * kHeadBlock + r0;
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        const int r = r0 + 8 * ri;
-        if (r >= heff) continue;
-        const float m = m_buf[r], l = lp_buf[r] + lp_buf[64 + r];
-        // m = -inf (nothing attended): exp2(+inf) = inf, inv = 0, o = 0.
-        const float inv = 1.0f / (l + fast_exp2(p.sink[hb * kHeadBlock + r] * kLog2e - m));
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          stage_pair(stage, r, col_base + 8 * j, pack_bf16(acc[4 * j + 2 * ri] * inv, acc[4 * j + 2 * ri + 1] * inv));
-        if (lse != nullptr) lse[8 * ri] = l > 0.0f ? m * kLn2 + logf(l) : -INFINITY;
-      }
-      bar_sync(kBarConsumers, kConsumerThreads);
-      copy_out_stage(stage, p.out + (int64_t(t) * p.num_heads + hb * kHeadBlock) * 512, heff);
-      bar_sync(kBarConsumers, kConsumerThreads);  // the stage is read out before the producer may reuse it
-    } else {
-      float* ob = p.partial_o + (int64_t(blockIdx.x * 2 + pslot) * 64 + r0) * 512 + col_base;
-      float2* ml = writes_row_stats ? p.partial_ml + (blockIdx.x * 2 + pslot) * 64 + r0 : nullptr;
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        const int r = r0 + 8 * ri;
-        if (r >= heff) continue;
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<float2*>(ob + 8 * ri * 512 + 8 * j) = make_float2(acc[4 * j + 2 * ri], acc[4 * j + 2 * ri + 1]);
-        if (ml != nullptr) ml[8 * ri] = make_float2(m_buf[r], lp_buf[r] + lp_buf[64 + r]);
-      }
-    }
+    if (unit_last) finish_half(p, smem, acc, 0, kb, unit_end(p, w, a, b, u0), m_run, l_row, kBarS);
     if (lane == 0) mbar_arrive(empty_bar(sbase, kb));
   }
   cp_async_wait_group<0>();  // nothing may land in shared memory after we return
+}
+
+// ---- V (warpgroup 1) ---------------------------------------------------------
+__device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, int a, int b, int u0) {
+  const int t = threadIdx.x - 128, lane = t & 31, g = lane >> 2, r0 = 16 * (t >> 5) + g;
+  const int n = b - a;
+  const uint32_t sbase = smem_u32(smem);
+  const float* alpha_buf = reinterpret_cast<const float*>(smem + kOffAlpha);
+  const float* stats = reinterpret_cast<const float*>(smem + kOffStats);
+  const int e = kHalf + (t >> 2);
+  UnitWalker gw;  // the staging cursor
+  gw.start(p, u0);
+  // Tile a's half now, tile a + 1's staged.
+  issue_stage(p, fetch_ref(p, gw, a, e), smem, 0, t);
+  cp_async_commit();
+  cp_async_wait_group<0>();
+  dequantize_stage(smem, 0, t);
+  fence_proxy_async();
+  mbar_arrive(half_bar(sbase, 0));
+  if (n > 1) issue_stage(p, fetch_ref(p, gw, a + 1, e), smem, 1, t);
+  cp_async_commit();
+  EntryRef pending{-1, -1};
+  if (n > 2) pending = fetch_ref(p, gw, a + 2, e);
+
+  float acc[128];
+  UnitWalker w;
+  w.start(p, u0);
+  for (int s = 0; s < n; ++s) {
+    const int tile = a + s, kb = s & 1;
+    if (tile >= w.end()) w.advance();
+    const bool unit_first = s == 0 || tile == w.begin();
+    const bool unit_last = s + 1 == n || tile + 1 == w.end();
+    bar_sync(kBarPReady, 256);  // P, alpha (and at a unit end the statistics) of tile s
+    issue_pv(acc, sbase, kb, 1, unit_first, alpha_buf[r0], alpha_buf[r0 + 8]);
+    // While P V runs: tile s + 1's half into the other K buffer (free once
+    // both warpgroups released it after tile s - 1), then tile s + 2's gathers.
+    if (s + 1 < n) {
+      cp_async_wait_group<0>();
+      if (s >= 1) mbar_wait(empty_bar(sbase, kb ^ 1), (((s + 1) >> 1) + 1) & 1);
+      dequantize_stage(smem, kb ^ 1, t);
+      fence_proxy_async();  // the K stores are read by wgmma
+      mbar_arrive(half_bar(sbase, kb ^ 1));
+      if (s + 2 < n) issue_stage(p, pending, smem, kb, t);
+      cp_async_commit();
+      if (s + 3 < n) pending = fetch_ref(p, gw, tile + 3, e);
+    }
+    wgmma_wait<0>();
+    fence_regs(acc);
+    if (unit_last) {
+      const float m[2] = {stats[r0], stats[r0 + 8]}, l[2] = {stats[64 + r0], stats[64 + r0 + 8]};
+      finish_half(p, smem, acc, 1, kb, unit_end(p, w, a, b, u0), m, l, kBarS + 1);
+    }
+    if (lane == 0) mbar_arrive(empty_bar(sbase, kb));
+    if (s + 1 < n) named_arrive(kBarPFree, 256);
+  }
+  cp_async_wait_group<0>();
 }
 
 // The whole CTA: barriers, then the roles.
@@ -417,19 +461,24 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
   const uint32_t sbase = smem_u32(smem);
   if (threadIdx.x == 0) {
     for (int i = 0; i < 2; ++i) {
-      mbar_init(full_bar(sbase, i), kAttnThreads - kConsumerThreads);
-      mbar_init(empty_bar(sbase, i), kConsumerThreads / 32);
+      mbar_init(full_bar(sbase, i), 128);
+      mbar_init(half_bar(sbase, i), 128);
+      mbar_init(empty_bar(sbase, i), 8);  // the warps of S and V
     }
   }
   __syncthreads();
-  // Warp-uniform role (a shuffle from lane 0), so that the wgmma of the
-  // consumers are not treated as divergent.
-  if (__shfl_sync(0xffffffffu, threadIdx.x / 128, 0) == 2) {
+  // Warp-uniform role (a shuffle from lane 0), so that the wgmma are not
+  // treated as divergent.
+  const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+  if (role == 0) {
+    reg_alloc<kRegsS>();
+    consume_s(p, smem, a, b, u0);
+  } else if (role == 1) {
+    reg_alloc<kRegsV>();
+    consume_v(p, smem, a, b, u0);
+  } else {
     reg_dealloc<kRegsProducer>();
     produce(p, smem, a, b, u0);
-  } else {
-    reg_alloc<kRegsConsumer>();
-    consume(p, smem, a, b, u0);
   }
 }
 
