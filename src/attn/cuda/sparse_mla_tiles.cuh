@@ -11,25 +11,36 @@
 //    its P V of the current tile runs, and signals "half"; its P V covers
 //    dims 256..511 with P from shared memory.
 //  * S (warpgroup 0): waits for "full" and "half", computes all of
-//    S = Q K^T (64 heads x 64 entries), runs the online softmax with the sink
+//    S = Q K^T (64 heads x 64 entries, two accumulation chains: one chain of
+//    32 steps was 7% faster but put the lse error at 1e-5, the tests'
+//    bound), runs the online softmax with the sink
 //    over whole rows, writes P (and the rows' rescale factors) for V, and
 //    computes P V for dims 0..255.
 // So the gathers and dequantization of both halves overlap the tensor work,
 // and S and V meet once per tile (P ready / P free). Shared memory: Q 64 KB,
 // two K buffers 128 KB, P 8 KB, the staging slot 19 KB (a whole tile of raw
 // records next to two K buffers would not fit). Why this split:
-// docs/perf-notes.md (runs 26-30).
+// docs/perf-notes.md (runs 26-35).
 #include "attn/cuda/sparse_mla_common.cuh"
 
 namespace dsv4::cuda::mla {
 
 static_assert(kAttnThreads == 3 * 128, "S, V and producer warpgroups");
 // Registers per thread by role (setmaxnreg): the launch gives 168 each
-// (65,536 / 384, rounded down to a multiple of 8); the producer hands 40 to
-// S and V, whose accumulators need them (the smallest split without spills
-// or serialized wgmma).
-constexpr int kRegsS = 192, kRegsV = 184, kRegsProducer = 128;
-static_assert(kRegsS + kRegsV + kRegsProducer <= 3 * 168, "register file");
+// (65,536 / 384, rounded down to a multiple of 8). S needs 224 for its O
+// accumulators plus two Q K^T chains (with fewer, ptxas serializes its
+// wgmma); V then has 160 (a 32-byte spill) and the producer 120.
+constexpr int kLaunchRegs = 168, kRegsS = 224, kRegsV = 160, kRegsProducer = 120;
+static_assert(kRegsS + kRegsV + kRegsProducer <= 3 * kLaunchRegs, "register file");
+
+// setmaxnreg: .inc may only raise a warpgroup's count, .dec only lower it.
+template <int N>
+__device__ __forceinline__ void set_regs() {
+  if constexpr (N > kLaunchRegs)
+    reg_alloc<N>();
+  else if constexpr (N < kLaunchRegs)
+    reg_dealloc<N>();
+}
 
 constexpr int kHalf = kTileEntries / 2;  // entries per producer / V half
 constexpr int kStageData = kHalf * 576;
@@ -315,20 +326,30 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, in
 
     // ---- S = Q K^T, 64 heads x 64 entries ---------------------------------------
     float sc[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) sc[i] = 0.0f;  // overwritten (scale-d 0) by the first step
     {
+      // Two accumulation chains (even and odd k-steps) of 16 steps: the
+      // tensor cores' fp32 accumulation loses precision along a chain
+      // (docs/perf-notes.md, numerics).
+      float sd[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sc[i] = sd[i] = 0.0f;  // overwritten (scale-d 0) by each chain's first step
       const uint64_t dq = sw128_desc(sbase + kOffQ, 16, 1024);
       const uint64_t dk = sw128_desc(sbase + kOffK0 + kb * kKBytes, 16, 1024);
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 32; ++ks) {  // k16 step: plane ks / 4, 32-byte column (ks % 4)
         const uint32_t o = ((ks >> 2) * kPlane + (ks & 3) * 32) >> 4;
-        wgmma_m64n64k16(sc, dq + o, dk + o, ks > 0);
+        if (ks & 1)
+          wgmma_m64n64k16(sd, dq + o, dk + o, ks > 1);
+        else
+          wgmma_m64n64k16(sc, dq + o, dk + o, ks > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
       fence_regs(sc);
+      fence_regs(sd);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sc[i] += sd[i];
     }
     if (unit_last && s + 1 < n) {  // Q is free: the next unit's
       load_q(p, smem, w.u + 1);
@@ -471,13 +492,13 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
   // treated as divergent.
   const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (role == 0) {
-    reg_alloc<kRegsS>();
+    set_regs<kRegsS>();
     consume_s(p, smem, a, b, u0);
   } else if (role == 1) {
-    reg_alloc<kRegsV>();
+    set_regs<kRegsV>();
     consume_v(p, smem, a, b, u0);
   } else {
-    reg_dealloc<kRegsProducer>();
+    set_regs<kRegsProducer>();
     produce(p, smem, a, b, u0);
   }
 }
