@@ -1,14 +1,11 @@
 // Sparse MLA attention with sink over fp8_ds_mla pages (SPEC §4.6, §5, §6).
 //
 // One persistent CTA per SM walks its range of tiles (see
-// sparse_mla_internal.cuh). Three warpgroups (sparse_mla_tiles.cuh): a
-// producer loads the records of entries 0..31 of each tile into registers
-// two tiles ahead and dequantizes them into one of two bf16 K buffers; the
-// two consumer warpgroups gather entries 32..63 one tile ahead with cp.async
-// into a staging slot, dequantize them, and run per tile
-//  1. S = Q K^T with bf16 operands and fp32 accumulators (wgmma),
-//  2. the online softmax with the sink,
-//  3. O += P V (wgmma), left running into the next tile.
+// sparse_mla_internal.cuh) with three warpgroups (sparse_mla_tiles.cuh): a
+// producer and a "V" warpgroup gather and dequantize the two halves of each
+// 64-entry tile into one of two bf16 K buffers ahead of time; an "S"
+// warpgroup computes S = Q K^T (bf16 operands, fp32 accumulators, wgmma) and
+// the online softmax with the sink; S and V each compute half of O += P V.
 // Empty or out-of-range slots read nothing. Units cut by CTA-range
 // boundaries leave fp32 partials for the combine kernel
 // (sparse_mla_combine.cu), which every CTA lets start early (programmatic
