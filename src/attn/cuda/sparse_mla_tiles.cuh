@@ -12,10 +12,9 @@
 //    dims 256..511 with P from shared memory.
 //  * S (warpgroup 0): waits for "full" and "half", computes all of
 //    S = Q K^T (64 heads x 64 entries, two accumulation chains: one chain of
-//    32 steps was 7% faster but put the lse error at 1e-5, the tests'
-//    bound), runs the online softmax with the sink
-//    over whole rows, writes P (and the rows' rescale factors) for V, and
-//    computes P V for dims 0..255.
+//    32 steps was 4-7% faster but put the lse error at 1e-5, the tests'
+//    bound), runs the online softmax with the sink over whole rows, writes P
+//    (and the rows' rescale factors) for V, and computes P V for dims 0..255.
 // So the gathers and dequantization of both halves overlap the tensor work,
 // and S and V meet once per tile (P ready / P free). Shared memory: Q 64 KB,
 // two K buffers 128 KB, P 8 KB, the staging slot 19 KB (a whole tile of raw
@@ -56,8 +55,8 @@ static_assert(kOffP % 1024 == 0 && kOffBar % 8 == 0, "alignment");
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
 
 // Named barriers: P ready (S arrives, V syncs), P free (V arrives, S syncs),
-// each 256 threads; S's own barrier (128).
-constexpr uint32_t kBarPReady = 1, kBarPFree = 2, kBarS = 3;
+// each 256 threads; S's and V's own barriers (128 each).
+constexpr uint32_t kBarPReady = 1, kBarPFree = 2, kBarS = 3, kBarV = 4;
 
 __device__ __forceinline__ uint32_t full_bar(uint32_t sbase, int b) { return sbase + kOffBar + 8 * b; }
 __device__ __forceinline__ uint32_t half_bar(uint32_t sbase, int b) { return sbase + kOffBar + 16 + 8 * b; }
@@ -469,7 +468,7 @@ __device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, in
     fence_regs(acc);
     if (unit_last) {
       const float m[2] = {stats[r0], stats[r0 + 8]}, l[2] = {stats[64 + r0], stats[64 + r0 + 8]};
-      finish_half(p, smem, acc, 1, kb, unit_end(p, w, a, b, u0), m, l, kBarS + 1);
+      finish_half(p, smem, acc, 1, kb, unit_end(p, w, a, b, u0), m, l, kBarV);
     }
     if (lane == 0) mbar_arrive(empty_bar(sbase, kb));
     if (s + 1 < n) named_arrive(kBarPFree, 256);
