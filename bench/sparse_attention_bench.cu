@@ -277,16 +277,16 @@ Result measure(Problem& pr, cudaStream_t s) {
 
 // --diag: where the time of one call goes, from the kernel's diagnostics
 // (AttnParams::debug_clock): per CTA the start and end of its tile loop
-// (%globaltimer) and how long the consumers waited for the producer's half
-// of a tile and the producer for a free K buffer. Means over the CTAs that
-// had work; "end" and "span" from the earliest start.
+// (%globaltimer) and how long S waited for the producer's half of a tile and
+// the producer for a free K buffer. Means over the CTAs that had work; the
+// mean and the last loop end from the earliest start.
 void diagnose(cudaStream_t s) {
   struct Cfg {
     int b, heads, extra, page;
   };
   const Cfg cfgs[] = {{1, 64, 0, 0}, {128, 64, 0, 0}, {1, 64, 1024, 2}, {128, 64, 512, 64}, {1, 64, 8192, 2}, {128, 128, 1024, 64}};
   namespace cu = dsv4::cuda;
-  std::printf("\n| b | H | N | call us | CTAs | loop end us | last end us | consumers waited us | producer waited us |\n"
+  std::printf("\n| b | H | N | call us | CTAs | loop end us | last end us | S waited us | producer waited us |\n"
               "|---|---|---|---|---|---|---|---|---|\n");
   for (const Cfg& c : cfgs) {
     Problem pr = make_problem(c.b, c.heads, c.extra, c.page, false, 4242 + c.b);

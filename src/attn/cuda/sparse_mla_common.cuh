@@ -1,8 +1,7 @@
 #pragma once
 // Shared pieces of the sparse-attention kernels (sparse_mla_kernel.cu,
 // sparse_mla_combine.cu): the plane layout of Q, K and P, the unit walker,
-// where an entry's record lives, NaN codes, the Q load, the output staging
-// and small helpers.
+// where an entry's record lives, NaN codes and small helpers.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -14,7 +13,6 @@
 
 namespace dsv4::cuda::mla {
 
-constexpr int kConsumerThreads = 256;  // the two warpgroups that run the tile math
 // Q, K and P are stored as planes of 64 dims (128 bytes) per row: plane
 // c / 8 holds 16-byte chunk c of every row, rows 128 bytes apart, and the
 // chunk sits at position (c % 8) ^ (row % 8). That is the 128B-swizzle
@@ -128,46 +126,9 @@ __device__ __forceinline__ bool has_nan_codes(uint4 v) {
   return (e4m3_nan_flags(v.x) | e4m3_nan_flags(v.y) | e4m3_nan_flags(v.z) | e4m3_nan_flags(v.w)) != 0;
 }
 
-__device__ __forceinline__ void load_q_async(const AttnParams& p, uint8_t* smem, int unit) {
-  const int t = unit / p.head_blocks, hb = unit - t * p.head_blocks;
-  const uint32_t qs = smem_u32(smem + kOffQ);
-#pragma unroll 4
-  for (int i = 0; i < (kHeadBlock * 64) / kConsumerThreads; ++i) {
-    const int chunk = threadIdx.x + i * kConsumerThreads;
-    const int row = chunk >> 6, c = chunk & 63;
-    const int head = hb * kHeadBlock + row;
-    const bool valid = head < p.num_heads;  // padded heads read as zeros
-    const uint16_t* src = p.q + (int64_t(t) * p.num_heads + (valid ? head : 0)) * 512 + c * 8;
-    cp_async_16(qs + chunk_off(row, c), src, valid ? 16 : 0);
-  }
-}
-
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// ----------------------------------------------------------------------------
-// Output staging. A unit's bf16 output (64 rows x 1 KB) goes through shared
-// memory so that global stores are whole 16-byte chunks of whole rows: the
-// fragment layouts give each thread 4-byte pieces 8 rows apart, which as
-// direct stores cost a partial sector each. 16-byte chunk c of row r sits at
-// r * 1024 + ((c ^ (r & 7)) << 4): a warp's fragment stores (8 rows x 4
-// pieces per chunk) hit 32 distinct banks.
-// ----------------------------------------------------------------------------
-__device__ __forceinline__ void stage_pair(uint8_t* stage, int row, int col, uint32_t v) {
-  const uint32_t off = uint32_t(row) * 1024 + ((uint32_t(col) * 2) ^ (uint32_t(row & 7) << 4));
-  *reinterpret_cast<uint32_t*>(stage + off) = v;
-}
-
-// Copies rows [0, heff) of the stage to out (rows 512 elements apart).
-__device__ __forceinline__ void copy_out_stage(const uint8_t* stage, uint16_t* out, int heff) {
-#pragma unroll 4
-  for (int i = threadIdx.x; i < heff * 64; i += kConsumerThreads) {
-    const int row = i >> 6, c = i & 63;
-    const uint4 v = *reinterpret_cast<const uint4*>(stage + row * 1024 + ((c ^ (row & 7)) << 4));
-    *reinterpret_cast<uint4*>(out + row * 512 + c * 8) = v;
-  }
 }
 
 __device__ __forceinline__ float quad_max(float v) {

@@ -23,7 +23,7 @@ namespace dsv4::cuda {
 
 inline constexpr int kTileEntries = 64;  // entries per tile
 inline constexpr int kHeadBlock = 64;    // heads per unit
-inline constexpr int kAttnThreads = 384;  // 3 warpgroups per CTA (2 consumers, 1 producer), one CTA per SM
+inline constexpr int kAttnThreads = 384;  // 3 warpgroups per CTA (S, V, producer: sparse_mla_tiles.cuh), one CTA per SM
 inline constexpr int kPlanThreads = 1024;
 inline constexpr int kMaxGrid = 1024;  // CTAs of the attention kernel the plan can address
 
@@ -73,7 +73,7 @@ struct AttnParams {
 
 inline constexpr int kDebugSlots = 4;
 inline constexpr int kDebugStart = 0;         // %globaltimer at the CTA's start
-inline constexpr int kDebugConsumerWait = 1;  // time the consumers waited for the producer
+inline constexpr int kDebugConsumerWait = 1;  // time S waited for the producer's half of a tile
 inline constexpr int kDebugProducerWait = 2;  // time the producer waited for a free K buffer
 inline constexpr int kDebugEnd = 3;           // %globaltimer at the end of the tile loop
 

@@ -4,8 +4,8 @@
 // s % 2). Included by sparse_mla_kernel.cu only.
 //  * Producer (warpgroup 2): loads the records of entries 0..31 of each tile
 //    into registers two tiles ahead, dequantizes them into rows 0..31 of the
-//    tile's K buffer once both consumers have released it ("empty"
-//    mbarrier) and signals "full".
+//    tile's K buffer once S and V have released it ("empty" mbarrier) and
+//    signals "full".
 //  * V (warpgroup 1): gathers entries 32..63 of the next tile but one with
 //    cp.async into a staging slot, dequantizes them into rows 32..63 while
 //    its P V of the current tile runs, and signals "half"; its P V covers
