@@ -42,7 +42,7 @@ struct CaseSpec {
   int heads = 64;
   int swa_width = 128;
   int extra_width = 0;     // 0: no extra list
-  int extra_page = 64;     // entries per page of the extra cache: 64 or 2
+  int extra_page = 64;     // entries per page of the extra cache (64 or 2 in SPEC §8)
   bool ragged = true;      // lengths uniform in [0, width]; else full width
   double hole_rate = 0.05;  // -1 slots inside the lengths
   double oor_rate = 0.02;   // out-of-range slots (>= capacity, INT32_MAX, < -1)

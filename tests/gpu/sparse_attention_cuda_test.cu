@@ -137,6 +137,11 @@ TEST_F(SparseAttentionCudaTest, Extra1024Page2H64) {
   run_and_check({.tokens = 21, .heads = 64, .extra_width = 1024, .extra_page = 2, .seed = 15});
 }
 
+// A page size that is not a power of two: the kernel divides instead of shifting.
+TEST_F(SparseAttentionCudaTest, Extra512Page3H64) {
+  run_and_check({.tokens = 17, .heads = 64, .extra_width = 512, .extra_page = 3, .seed = 23});
+}
+
 TEST_F(SparseAttentionCudaTest, Extra8192Page2H64) {
   run_and_check({.tokens = 4, .heads = 64, .extra_width = 8192, .extra_page = 2, .seed = 16});
 }
