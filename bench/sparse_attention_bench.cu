@@ -12,7 +12,8 @@
 //   plan      the plan kernel alone (once per step and layer type)
 //   plan+call both, back to back (a step with a single layer of the type)
 // Modes: --quick (batches 1 and 128), --diag (see diagnose), --profile B H EXTRA PAGE
-// (one configuration, three calls, for Nsight Compute).
+// (one configuration, three calls, for Nsight Compute); any of them followed
+// by --single-cta runs H = 128 on one CTA per head block instead of pairs.
 // Data: random pages (no NaN codes, realistic scales), each request with its
 // own pages in a random order: SWA window of 128 over 3 pages; C4A (page 64)
 // top-k picked at random among 16384 compressed entries; C128A (page 2) all
@@ -277,17 +278,18 @@ Result measure(Problem& pr, cudaStream_t s) {
 
 // --diag: where the time of one call goes, from the kernel's diagnostics
 // (AttnParams::debug_clock): per CTA the start and end of its tile loop
-// (%globaltimer) and how long S waited for the producer's half of a tile and
-// the producer for a free K buffer. Means over the CTAs that had work; the
-// mean and the last loop end from the earliest start.
+// (%globaltimer) and how long S, V and the producer waited at each of their
+// barriers (kDebug*). Means over the CTAs that had work; the mean and the
+// last loop end from the earliest start.
 void diagnose(cudaStream_t s) {
   struct Cfg {
     int b, heads, extra, page;
   };
   const Cfg cfgs[] = {{1, 64, 0, 0}, {128, 64, 0, 0}, {1, 64, 1024, 2}, {128, 64, 512, 64}, {1, 64, 8192, 2}, {128, 128, 1024, 64}};
   namespace cu = dsv4::cuda;
-  std::printf("\n| b | H | N | call us | CTAs | loop end us | last end us | S waited us | producer waited us |\n"
-              "|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| b | H | N | call us | CTAs | loop end us | last end us | S waited for K us | S waited for P free us |"
+              " V waited for P us | V waited for K buffer us | producer waited us | V waited for its records us |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Cfg& c : cfgs) {
     Problem pr = make_problem(c.b, c.heads, c.extra, c.page, false, 4242 + c.b);
     dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
@@ -316,15 +318,19 @@ void diagnose(cudaStream_t s) {
         tend = std::max(tend, at(c2, cu::kDebugEnd));
         ++active;
       }
-    double end = 0, wc = 0, wp = 0;
+    double end = 0;
+    const int waits[] = {cu::kDebugConsumerWait, cu::kDebugSPFree, cu::kDebugVPReady, cu::kDebugVEmpty,
+                         cu::kDebugProducerWait, cu::kDebugVStage};
+    double waited[6] = {};
     for (int c2 = 0; c2 < g; ++c2)
       if (at(c2, cu::kDebugStart)) {
         end += double(at(c2, cu::kDebugEnd) - t0) / active;
-        wc += double(at(c2, cu::kDebugConsumerWait)) / active;
-        wp += double(at(c2, cu::kDebugProducerWait)) / active;
+        for (int i = 0; i < 6; ++i) waited[i] += double(at(c2, waits[i])) / active;
       }
-    std::printf("| %d | %d | %d | %.1f | %d | %.1f | %.1f | %.1f | %.1f |\n", c.b, c.heads, 128 + c.extra, call, active,
-                end * 1e-3, double(tend - t0) * 1e-3, wc * 1e-3, wp * 1e-3);
+    std::printf("| %d | %d | %d | %.1f | %d | %.1f | %.1f |", c.b, c.heads, 128 + c.extra, call, active, end * 1e-3,
+                double(tend - t0) * 1e-3);
+    for (double w : waited) std::printf(" %.1f |", w * 1e-3);
+    std::printf("\n");
     free_problem(pr);
   }
 }
@@ -334,6 +340,8 @@ void diagnose(cudaStream_t s) {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool diag = argc > 1 && std::strcmp(argv[1], "--diag") == 0;
+  for (int i = 1; i < argc; ++i)  // --single-cta (after any mode): H = 128 without clusters, for comparison
+    if (std::strcmp(argv[i], "--single-cta") == 0) dsv4::cuda::attention_debug().single_cta = true;
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -343,7 +351,7 @@ int main(int argc, char** argv) {
     diagnose(s);
     return 0;
   }
-  if (argc == 6 && std::strcmp(argv[1], "--profile") == 0) {
+  if (argc >= 6 && std::strcmp(argv[1], "--profile") == 0) {
     // --profile B H EXTRA PAGE: plan once and run three default calls, for ncu
     // (e.g. --kernel-name regex:sparse_mla_kernel --launch-skip 2 --launch-count 1).
     Problem pr = make_problem(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), false, 99);

@@ -26,7 +26,7 @@ if has env; then
 fi
 if has test; then
   echo "== tests"
-  "$bin/sparse_attention_cuda_test" 2>&1 | tee "$OUT/test.log" | grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |FAILED|Failure|rows .* max rel|expected|Which is|^\[==========\]"
+  timeout 300 "$bin/sparse_attention_cuda_test" 2>&1 | tee "$OUT/test.log" | grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |FAILED|Failure|rows .* max rel|expected|Which is|^\[==========\]"
 fi
 if has sanitize; then
   echo "== compute-sanitizer"

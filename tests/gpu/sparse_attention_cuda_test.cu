@@ -173,6 +173,28 @@ TEST_F(SparseAttentionCudaTest, ManyTokensMixedSplits) {
   run_and_check({.tokens = 300, .heads = 64, .extra_width = 1024, .extra_page = 64, .seed = 22});
 }
 
+// H = 128 runs on pairs of CTAs (clusters) that share each tile's
+// dequantization; the same calls on one CTA per head block must agree with
+// the reference too (that path serves other even head counts' fallbacks
+// and keeps the walker's multi-block bookkeeping tested).
+class SingleCtaUnits {
+ public:
+  SingleCtaUnits() { cuda::attention_debug().single_cta = true; }
+  ~SingleCtaUnits() { cuda::attention_debug().single_cta = false; }
+};
+
+TEST_F(SparseAttentionCudaTest, ManyTokensMixedSplitsH128) {
+  run_and_check({.tokens = 150, .heads = 128, .extra_width = 1024, .extra_page = 64, .seed = 27});
+  run_and_check({.tokens = 40, .heads = 128, .extra_width = 1024, .extra_page = 2, .empty_rows = 5, .seed = 28});
+}
+
+TEST_F(SparseAttentionCudaTest, H128OnSingleCtas) {
+  const SingleCtaUnits single;
+  run_and_check({.tokens = 13, .heads = 128, .extra_width = 1024, .extra_page = 64, .seed = 14});
+  run_and_check({.tokens = 150, .heads = 128, .extra_width = 1024, .extra_page = 64, .seed = 27});
+  run_and_check({.tokens = 2, .heads = 128, .extra_width = 8192, .extra_page = 2, .ragged = false, .seed = 17});
+}
+
 TEST_F(SparseAttentionCudaTest, PrefillChunk) {
   // A prefill-like call: many tokens, full windows and selections.
   run_and_check({.tokens = 512, .heads = 64, .extra_width = 512, .extra_page = 64, .ragged = false, .seed = 23});
@@ -182,6 +204,7 @@ TEST_F(SparseAttentionCudaTest, SanitizerSmall) {
   // Small enough for compute-sanitizer: a split unit, an empty row, padding.
   run_and_check({.tokens = 3, .heads = 4, .swa_width = 128, .extra_width = 256, .extra_page = 2, .empty_rows = 1, .seed = 24});
   run_and_check({.tokens = 2, .heads = 64, .extra_width = 2048, .extra_page = 64, .seed = 25});
+  run_and_check({.tokens = 2, .heads = 128, .extra_width = 512, .extra_page = 2, .empty_rows = 1, .seed = 29});
 }
 
 // ---- graph capture, determinism, plan slots, errors ---------------------------
@@ -303,30 +326,40 @@ TEST_F(SparseAttentionCudaTest, PlanSlotsAreIndependent) {
   }
 }
 
-TEST_F(SparseAttentionCudaTest, NanCodeInAnAttendedEntryGivesNan) {
-  // e4m3 0x7f is NaN; the CPU decode gives NaN, so must the GPU. Only the
-  // token that attends the entry is affected.
-  HostCase hc = make_case({.tokens = 4, .heads = 64, .ragged = false, .hole_rate = 0, .oor_rate = 0, .seed = 50});
-  const int32_t slot = hc.swa_idx[size_t(2) * 128 + 5];  // token 2, position 5
-  for (int t = 0; t < 4; ++t)
-    for (int i = 0; i < 128; ++i)
-      if (t != 2 && hc.swa_idx[size_t(t) * 128 + i] == slot) hc.swa_idx[size_t(t) * 128 + i] = -1;
-  uint8_t* page = hc.swa.bytes.data() + size_t(slot / 64) * hc.swa.stride();
-  page[fp8_ds_mla_data_offset(slot % 64) + 100] = 0x7f;
+// e4m3 0x7f is NaN; the CPU decode gives NaN, so must the GPU. Only the
+// token that attends the entry is affected. Entries 5 and 40 are gathered
+// by different warpgroups; bytes 100 and 30 fall in record steps that the
+// two CTAs of a pair (H = 128) dequantize separately.
+void check_nan_code(int heads, int byte) {
+  HostCase hc = make_case({.tokens = 4, .heads = heads, .ragged = false, .hole_rate = 0, .oor_rate = 0, .seed = 50});
+  for (int pos : {5, 40}) {
+    const int32_t slot = hc.swa_idx[size_t(2) * 128 + pos];  // token 2
+    for (int t = 0; t < 4; ++t)
+      for (int i = 0; i < 128; ++i)
+        if (t != 2 && hc.swa_idx[size_t(t) * 128 + i] == slot) hc.swa_idx[size_t(t) * 128 + i] = -1;
+    uint8_t* page = hc.swa.bytes.data() + size_t(slot / 64) * hc.swa.stride();
+    page[fp8_ds_mla_data_offset(slot % 64) + byte + (pos == 40 ? 64 : 0)] = 0x7f;
+  }
   DeviceCase dc(hc);
-  SparseAttentionCuda attn({4, 64, 1});
+  SparseAttentionCuda attn({4, 128, 1});
   std::vector<uint16_t> out;
   std::vector<float> lse;
   dc.plan_run_download(attn, out, lse);
   const Reference ref = reference(hc.params());
-  for (int h = 0; h < 64; ++h) {
-    EXPECT_TRUE(std::isnan(ref.out[(size_t(2) * 64 + h) * 512]));
-    EXPECT_TRUE(std::isnan(bf16_to_float(out[(size_t(2) * 64 + h) * 512]))) << "head " << h;
+  for (int h = 0; h < heads; ++h) {
+    EXPECT_TRUE(std::isnan(ref.out[(size_t(2) * heads + h) * 512]));
+    EXPECT_TRUE(std::isnan(bf16_to_float(out[(size_t(2) * heads + h) * 512]))) << "head " << h << " byte " << byte;
   }
   for (int t : {0, 1, 3}) {
-    for (int h = 0; h < 64; ++h)
-      for (int d = 0; d < 512; ++d) ASSERT_FALSE(std::isnan(bf16_to_float(out[(size_t(t) * 64 + h) * 512 + d])));
+    for (int h = 0; h < heads; ++h)
+      for (int d = 0; d < 512; ++d)
+        ASSERT_FALSE(std::isnan(bf16_to_float(out[(size_t(t) * heads + h) * 512 + d]))) << "token " << t << " byte " << byte;
   }
+}
+
+TEST_F(SparseAttentionCudaTest, NanCodeInAnAttendedEntryGivesNan) {
+  for (int heads : {64, 128})
+    for (int byte : {100, 30}) check_nan_code(heads, byte);
 }
 
 TEST_F(SparseAttentionCudaTest, ZeroTokensIsANoOp) {

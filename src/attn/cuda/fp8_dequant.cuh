@@ -13,9 +13,9 @@
 //     2^(e-127)(1+m/8); a subnormal code m*2^-9 becomes the bf16 subnormal
 //     (m/8)*2^-126;
 //  3. one bf16x2 multiply by 2^(120 + scale exponent) restores the value.
-// Codes 0x7f/0xff are NaN in e4m3; the kernel detects them per entry
-// (e4m3_nan_flags) and patches them on a slow path, so that a corrupt cache
-// shows up as NaN, as on the CPU.
+// Codes 0x7f/0xff are NaN in e4m3; the kernel detects them per chunk
+// (e4m3_nan_flags) and patches them on a slow path (patch_nan_codes), so
+// that a corrupt cache shows up as NaN, as on the CPU.
 #include <cstdint>
 
 namespace dsv4::cuda {
@@ -86,6 +86,22 @@ __device__ __forceinline__ void dequant_chunk(const uint32_t (&w)[4], const Scal
     out[2 * i] = lo;
     out[2 * i + 1] = hi;
   }
+}
+
+// Replaces the bf16 of each e4m3 NaN code (low 7 bits set) by a bf16 NaN,
+// as the CPU decodes it: o holds the dequantized codes of w0, w1 (o.x: the
+// two low bytes of w0, ...). Out of line: it is the slow path, and inlined
+// at every chunk it made the kernel spill registers.
+static __device__ __noinline__ uint4 patch_nan_codes(uint32_t w0, uint32_t w1, uint4 o) {
+  uint32_t out[4] = {o.x, o.y, o.z, o.w};
+  const uint32_t w[2] = {w0, w1};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t f = e4m3_nan_flags(w[i >> 1]) >> (16 * (i & 1));  // bit 8 b + 7: byte b is a NaN code
+    const uint32_t mask = (((f >> 7) & 1u) * 0xffffu) | (((f >> 15) & 1u) * 0xffff0000u);
+    out[i] = (out[i] & ~mask) | (0x7fc07fc0u & mask);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 }  // namespace dsv4::cuda

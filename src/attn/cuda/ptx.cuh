@@ -1,7 +1,7 @@
 #pragma once
 // Thin wrappers over the PTX the attention kernels use: cp.async, wgmma,
-// named barriers, mbarriers, register reallocation and programmatic
-// dependent launch.
+// named barriers, mbarriers, clusters, register reallocation and
+// programmatic dependent launch.
 // Every asm that touches memory is volatile with a memory clobber so the
 // compiler cannot move it across a barrier.
 #include <cstdint>
@@ -122,6 +122,50 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+// Arrives and raises the phase's expected transaction bytes (bytes that
+// st.async of another CTA will deliver).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// ---- clusters (sm_90) ------------------------------------------------------------
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// The address of the same shared-memory location in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t map_to_cta(uint32_t smem_addr, uint32_t rank) {
+  uint32_t d;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(d) : "r"(smem_addr), "r"(rank));
+  return d;
+}
+// Arrival on an mbarrier of another CTA of the cluster (address from
+// map_to_cta). Release at CTA scope, as CUTLASS's cluster pipelines do: a
+// cluster-scope release waits for every outstanding write of the thread (the
+// output stores too); the barrier only orders our finished reads of a buffer
+// before the peer's writes into it.
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
+}
+// Copies `bytes` (a multiple of 16) of our shared memory at src to another
+// CTA's shared memory at cluster address dst, by the copy engine; the bytes
+// count as transactions on that CTA's mbarrier `cluster_bar` as they land.
+// The writes of src must be fenced (fence_proxy_async) before the copy.
+__device__ __forceinline__ void bulk_copy_to_cta(uint32_t dst, uint32_t src, uint32_t bytes, uint32_t cluster_bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "r"(src), "r"(bytes), "r"(cluster_bar)
+               : "memory");
+}
+// Makes mbarrier initialisations visible to the other CTAs of the cluster.
+__device__ __forceinline__ void fence_mbar_init_cluster() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// Every thread of every CTA of the cluster (also a CTA-wide barrier).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 // Moves registers between the warpgroups of a warp-specialized CTA.
 template <int N>
 __device__ __forceinline__ void reg_alloc() {

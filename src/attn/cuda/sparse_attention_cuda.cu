@@ -63,9 +63,11 @@ struct SparseAttentionCuda::Impl {
     cuda::PlanView view{};
     bool built = false;
     int tokens = 0, heads = 0, swa_width = 0, extra_width = 0;
+    int cluster = 1;  // chosen at plan time: the plan's work slots depend on it
   };
   SparseAttentionCudaLimits limits;
-  int grid = 0;
+  int grid = 0;       // CTAs of one wave, one per SM
+  int pair_grid = 0;  // CTAs of one wave in clusters of two (0: clusters do not fit)
   std::vector<void*> allocations;
   float* partial_o = nullptr;
   float2* partial_ml = nullptr;
@@ -84,11 +86,19 @@ struct SparseAttentionCuda::Impl {
     for (void* p : allocations) cudaFree(p);
   }
 
+  // Pairs of head blocks (H = 128) run on clusters of two CTAs, which share
+  // the dequantization of every tile.
+  int cluster_for(int heads) const {
+    return head_blocks(heads) % 2 == 0 && pair_grid >= 2 && !cuda::attention_debug().single_cta ? 2 : 1;
+  }
+
   cuda::AttnParams params(const SparseAttentionParams& p, const PlanSlot& slot) const {
     cuda::AttnParams a{};
     a.num_tokens = p.num_tokens;
     a.num_heads = p.num_heads;
     a.head_blocks = head_blocks(p.num_heads);
+    a.cluster = slot.cluster;
+    a.plan_head_blocks = a.head_blocks / a.cluster;
     a.q = p.q;
     auto cache = [](const KvPages& c, const IndexList& l) {
       cuda::CacheView v{};
@@ -112,7 +122,7 @@ struct SparseAttentionCuda::Impl {
     a.plan = slot.view;
     a.partial_o = partial_o;
     a.partial_ml = partial_ml;
-    a.grid = grid;
+    a.grid = slot.cluster == 2 ? pair_grid : grid;
     a.debug_clock = cuda::attention_debug().clock;
     return a;
   }
@@ -123,13 +133,13 @@ SparseAttentionCuda::SparseAttentionCuda(const SparseAttentionCudaLimits& limits
     require(limits.max_tokens >= 0 && limits.max_heads > 0 && limits.num_plans > 0,
             "sparse attention (cuda): bad limits");
     impl_->limits = limits;
-    int device = 0, sms = 0;
-    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-    const int per_sm = cuda::prepare_attention_kernel();
-    if (per_sm < 0) cuda_check(cudaError_t(-per_sm), "preparing the attention kernel");
-    require(per_sm > 0, "sparse attention (cuda): the attention kernel does not fit on this device");
-    impl_->grid = std::min(sms * per_sm, cuda::kMaxGrid);  // one wave: all CTAs resident together
+    const int single = cuda::attention_grid(1), pairs = cuda::attention_grid(2);
+    if (single < 0) cuda_check(cudaError_t(-single), "preparing the attention kernel");
+    if (pairs < 0) cuda_check(cudaError_t(-pairs), "preparing the attention kernel (clusters)");
+    require(single > 0, "sparse attention (cuda): the attention kernel does not fit on this device");
+    // One wave: all CTAs resident together.
+    impl_->grid = std::min(single, cuda::kMaxGrid);
+    impl_->pair_grid = std::min(pairs, impl_->grid) & ~1;
     const int g = impl_->grid;
     impl_->partial_o = impl_->alloc<float>(size_t(g) * 2 * cuda::kHeadBlock * 512);
     impl_->partial_ml = impl_->alloc<float2>(size_t(g) * 2 * cuda::kHeadBlock);
@@ -162,6 +172,7 @@ void SparseAttentionCuda::plan(const SparseAttentionParams& p, CUstream_st* stre
   s.heads = p.num_heads;
   s.swa_width = p.swa.width;
   s.extra_width = p.extra.width;
+  s.cluster = impl_->cluster_for(p.num_heads);
   if (p.num_tokens == 0) return;
   cuda::launch_plan(impl_->params(p, s), stream);
   cuda_check(cudaGetLastError(), "plan kernel launch");

@@ -60,17 +60,20 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
   // A multiple of 32, as is the grid stride: every lane of a warp runs the
   // same iterations, and a warp's items lie in one head row (the shuffles
   // below need the whole warp).
-  const int threads = (count * kHeadBlock * kRowF4) << lg;
+  // Items: (split unit, head block of the unit's cluster, head, float4).
+  const int threads = (count * p.cluster * kHeadBlock * kRowF4) << lg;
   for (int idx = blockIdx.x * kCombineThreads + threadIdx.x; idx < threads; idx += gridDim.x * kCombineThreads) {
     const int item = idx >> lg, lane = idx & ((1 << lg) - 1);
-    const int k = item / (kHeadBlock * kRowF4), h = (item / kRowF4) % kHeadBlock, f = item % kRowF4;
+    const int h = (item / kRowF4) % kHeadBlock, f = item % kRowF4;
+    const int ku = item / (kHeadBlock * kRowF4), k = ku / p.cluster, r = ku - k * p.cluster;
     const int u = __ldg(p.plan.split_units + k);
-    const int t = u / p.head_blocks, hb = u - t * p.head_blocks;
+    const int t = u / p.plan_head_blocks, hb = (u - t * p.plan_head_blocks) * p.cluster + r;
     if (h >= min(kHeadBlock, p.num_heads - hb * kHeadBlock)) continue;  // padded head (whole warp): no output
     const int start = __ldg(&p.plan.unit_info[u]).x, end = __ldg(&p.plan.unit_info[u + 1]).x;
     const int c_first = start / per, n_part = (end - 1) / per - c_first + 1;
-    const int first_slot = c_first * per >= start ? 0 : 1;  // the first CTA's partial is its slot 1 when the unit starts inside its range
-    auto partial = [&](int i) { return (c_first + i) * 2 + (i == 0 ? first_slot : 0); };
+    const int first_slot = c_first * per >= start ? 0 : 1;  // the first slot's partial is its partial slot 1 when the unit starts inside its range
+    // Work slot c's CTA for head block r is c * cluster + r.
+    auto partial = [&](int i) { return ((c_first + i) * p.cluster + r) * 2 + (i == 0 ? first_slot : 0); };
     // This lane's partials lane, lane + 2^lg, ... in order, rescaling as the
     // maximum grows (the loads do not depend on the running state, so they
     // are all in flight together); then the lanes' states merge in a fixed

@@ -1,7 +1,7 @@
 #pragma once
 // Shared pieces of the sparse-attention kernels (sparse_mla_kernel.cu,
 // sparse_mla_combine.cu): the plane layout of Q, K and P, the unit walker,
-// where an entry's record lives, NaN codes and small helpers.
+// where an entry's record lives and small helpers.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -38,7 +38,8 @@ __device__ __forceinline__ void stamp(const AttnParams& p, int k) {
 
 // Walks the units of a CTA range in order; the next unit's record is loaded
 // one unit ahead. Also tracks the unit's token and head block
-// (u = tok * head_blocks + hb) without a division per step.
+// (u = tok * plan_head_blocks + hb; hb is the unit's group of head blocks)
+// without a division per step.
 struct UnitWalker {
   const int4* info;
   int u, tok, hb, head_blocks;
@@ -46,7 +47,7 @@ struct UnitWalker {
   __device__ __forceinline__ void start(const AttnParams& p, int u0) {
     info = p.plan.unit_info;
     u = u0;
-    head_blocks = p.head_blocks;
+    head_blocks = p.plan_head_blocks;
     tok = u0 / head_blocks;
     hb = u0 - tok * head_blocks;
     cur = __ldg(info + u0);
@@ -107,19 +108,6 @@ __device__ __forceinline__ RecordPtrs record_ptrs(const AttnParams& p, EntryRef 
     }
   }
   return rp;
-}
-
-// The slow path for e4m3 NaN codes (never written by the quantizer): the 16
-// codes of v are dims dim0 .. dim0 + 15 of K row e; each NaN code becomes a
-// bf16 NaN, as on the CPU.
-static __device__ __noinline__ void patch_nan_codes(uint4 v, uint8_t* kbuf, int e, int dim0) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  for (int byte = 0; byte < 16; ++byte) {
-    if (((w[byte >> 2] >> (8 * (byte & 3))) & 0x7f) == 0x7f) {
-      const int dim = dim0 + byte;
-      *reinterpret_cast<uint16_t*>(kbuf + chunk_off(e, dim >> 3) + 2 * (dim & 7)) = 0x7fc0;
-    }
-  }
 }
 
 __device__ __forceinline__ bool has_nan_codes(uint4 v) {

@@ -2,18 +2,22 @@
 // Internals shared by the host side (sparse_attention_cuda.cu), the plan,
 // attention and combine kernels. Not part of the public API.
 //
-// Work decomposition. A "unit" is one (token, block of 64 heads); unit
-// u = token * head_blocks + head_block. A unit's attended set (its SWA list,
+// Work decomposition. A "unit" is one (token, group of head blocks); unit
+// u = token * plan_head_blocks + group. With an even number of 64-head
+// blocks (H = 128) a group is a pair of blocks, run by the two CTAs of a
+// cluster over the same tiles (each dequantizes half of every tile for
+// both); otherwise a group is one block and one CTA. A unit's attended set (its SWA list,
 // then its extra list) is cut into tiles of 64 entries; an empty unit still
 // counts one tile so that it writes its zero output and -inf lse. The plan
-// numbers all tiles of all units consecutively and gives CTA c the tiles
-// [c * per, (c + 1) * per), per = ceil(total / grid) or more (or whole units
-// per CTA; see sparse_mla_plan.cu). A unit that falls
-// wholly inside one CTA's range is finished by that CTA; a unit cut by range
-// boundaries ("split") gets one fp32 partial per CTA that touches it, and a
-// second kernel, the combine (sparse_mla_combine.cu), merges them. Each CTA
-// touches at most two split units: the first and the last of its range,
-// which use partial slots 0 and 1.
+// numbers all tiles of all units consecutively and gives work slot c (a CTA,
+// or a cluster of two) the tiles [c * per, (c + 1) * per), per =
+// ceil(total / slots) or more (or whole units per slot; see
+// sparse_mla_plan.cu). A unit that falls wholly inside one slot's range is
+// finished there; a unit cut by range boundaries ("split") gets one fp32
+// partial per CTA and head block that touches it, and a second kernel, the
+// combine (sparse_mla_combine.cu), merges them. Each CTA touches at most two
+// split units: the first and the last of its range, which use partial slots
+// 0 and 1.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -44,15 +48,17 @@ struct ListView {
 // One plan, in device memory.
 struct PlanView {
   int4* unit_info;    // [units + 1]: {first tile, swa length, extra length, 0}; [units].x = total tiles
-  int4* cta_work;     // [grid]: {first tile, end tile, first unit, tiles per CTA}
-  int* split_units;   // [grid]: the units cut by CTA-range boundaries (any order)
-  int* split_count;   // [2]: how many; the most partials (CTAs) of one of them
+  int4* cta_work;     // [slots]: {first tile, end tile, first unit, tiles per slot}
+  int* split_units;   // [slots]: the units cut by range boundaries (any order)
+  int* split_count;   // [2]: how many; the most slots one of them spans
 };
 
 struct AttnParams {
   int num_tokens;
   int num_heads;
   int head_blocks;          // ceil(num_heads / 64)
+  int cluster;              // CTAs per cluster: 2 (pairs of head blocks) or 1
+  int plan_head_blocks;     // head_blocks / cluster: units per token
   const uint16_t* q;        // [num_tokens, num_heads, 512] bf16
   CacheView swa_cache;
   CacheView extra_cache;
@@ -63,46 +69,58 @@ struct AttnParams {
   uint16_t* out;            // [num_tokens, num_heads, 512] bf16
   float* lse;               // [num_tokens, num_heads] or null
   PlanView plan;
-  float* partial_o;         // [grid][2][64][512] unnormalised fp32 outputs
+  float* partial_o;         // [grid][2][64][512] unnormalised fp32 outputs (CTA c: slot c / cluster, head block c % cluster of the unit)
   float2* partial_ml;       // [grid][2][64] {running max (log2 units), sum of exp2}
-  int grid;                 // CTAs of the attention kernel
+  int grid;                 // CTAs of the attention kernel: work slots * cluster
   // Diagnostics for the benchmark only (null in normal use): per CTA,
   // kDebugSlots zero-initialised entries (kDebug* below), in nanoseconds.
   unsigned long long* debug_clock;
 };
 
-inline constexpr int kDebugSlots = 4;
+inline constexpr int kDebugSlots = 8;
 inline constexpr int kDebugStart = 0;         // %globaltimer at the CTA's start
-inline constexpr int kDebugConsumerWait = 1;  // time S waited for the producer's half of a tile
+inline constexpr int kDebugConsumerWait = 1;  // time S waited for a tile's K (all writers, both CTAs of a pair)
 inline constexpr int kDebugProducerWait = 2;  // time the producer waited for a free K buffer
 inline constexpr int kDebugEnd = 3;           // %globaltimer at the end of the tile loop
+inline constexpr int kDebugSPFree = 4;        // time S waited for V to free P
+inline constexpr int kDebugVPReady = 5;       // time V waited for S's P
+inline constexpr int kDebugVEmpty = 6;        // time V waited for a free K buffer
+inline constexpr int kDebugVStage = 7;        // time V waited for its staged records (cp.async)
 
 struct AttentionDebug {
   unsigned long long* clock = nullptr;
+  bool single_cta = false;  // run pairs of head blocks on separate CTAs, not clusters (tests, comparisons)
 };
 
 // Launches kernel(p) with programmatic dependent launch allowed: its CTAs may
 // start while the previous kernel in the stream still runs, so the kernel
 // must execute griddepcontrol.wait before touching anything that kernel
-// writes (and lets its own dependents start with launch_dependents).
+// writes (and lets its own dependents start with launch_dependents). CTAs
+// come in clusters of `cluster`.
 template <typename Kernel>
 inline void launch_overlapped(Kernel kernel, int grid, int threads, size_t smem, cudaStream_t stream,
-                              const AttnParams& p) {
+                              const AttnParams& p, int cluster = 1) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(grid));
   cfg.blockDim = dim3(unsigned(threads));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr[2]{};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = unsigned(cluster);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cluster > 1 ? 2 : 1;
   cudaLaunchKernelEx(&cfg, kernel, p);  // errors surface in the caller's cudaGetLastError()
 }
 
-// Raises the kernel's dynamic shared-memory limit; returns CTAs per SM.
-int prepare_attention_kernel();
+// Raises the attention kernel's dynamic shared-memory limit and returns how
+// many of its CTAs (in clusters of `cluster`, 1 or 2) are resident at once
+// on this device, or -cudaError_t.
+int attention_grid(int cluster);
 void launch_plan(const AttnParams& p, cudaStream_t stream);
 // The attention kernel, then the combine of split units (programmatic
 // dependent launch: it starts while the attention kernel runs and always

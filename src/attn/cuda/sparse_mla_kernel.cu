@@ -21,16 +21,22 @@ namespace {
 
 using namespace mla;
 
+// kCluster = 2: the two CTAs of a cluster run the same tiles for the two
+// head blocks of a unit (H = 128), each dequantizing half of every tile for
+// both (sparse_mla_tiles.cuh).
+template <int kCluster>
 __global__ void __launch_bounds__(kAttnThreads, 1) sparse_mla_kernel(const __grid_constant__ AttnParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  // The swizzle atoms must sit on 1024-byte boundaries of the shared window.
+  // The swizzle atoms must sit on 1024-byte boundaries of the shared window
+  // (the same offset in every CTA: the peer's buffers are addressed alike).
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   wait_for_prior_grids();
   launch_dependents();
-  const int4 work = __ldg(p.plan.cta_work + blockIdx.x);  // {first tile, end tile, first unit, per}
+  // {first tile, end tile, first unit, per}: the same for both CTAs of a cluster.
+  const int4 work = __ldg(p.plan.cta_work + blockIdx.x / kCluster);
   if (work.x >= work.y) return;
   stamp(p, kDebugStart);
-  attention_tiles(p, smem, work.x, work.y, work.z);
+  attention_tiles<kCluster>(p, smem, work.x, work.y, work.z);
   stamp(p, kDebugEnd);
 }
 
@@ -41,19 +47,40 @@ AttentionDebug& attention_debug() {
   return d;
 }
 
-int prepare_attention_kernel() {
-  cudaError_t e = cudaFuncSetAttribute(sparse_mla_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+int attention_grid(int cluster) {
+  auto kernel = cluster == 2 ? sparse_mla_kernel<2> : sparse_mla_kernel<1>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (e != cudaSuccess) return -int(e);
-  int blocks = 0;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, sparse_mla_kernel, kAttnThreads, kSmemBytes);
-  return e != cudaSuccess ? -int(e) : blocks;
+  int device = 0, sms = 0, n = 0;
+  if ((e = cudaGetDevice(&device)) != cudaSuccess) return -int(e);
+  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return -int(e);
+  if (cluster == 1) {
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kAttnThreads, kSmemBytes);
+    return e != cudaSuccess ? -int(e) : n * sms;
+  }
+  // Pairs need two free SMs of one GPC: fewer may fit than SMs / 2.
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(sms));
+  cfg.blockDim = dim3(unsigned(kAttnThreads));
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 2;
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  e = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
+  return e != cudaSuccess ? -int(e) : 2 * n;
 }
 
 // With programmatic dependent launch, so that the CTAs are set up while the
 // previous kernel of the stream (the last call's combine, or the plan)
 // finishes; each waits for it before reading anything.
 void launch_attention(const AttnParams& p, cudaStream_t stream) {
-  launch_overlapped(sparse_mla_kernel, p.grid, kAttnThreads, kSmemBytes, stream, p);
+  if (p.cluster == 2)
+    launch_overlapped(sparse_mla_kernel<2>, p.grid, kAttnThreads, kSmemBytes, stream, p, 2);
+  else
+    launch_overlapped(sparse_mla_kernel<1>, p.grid, kAttnThreads, kSmemBytes, stream, p);
 }
 
 }  // namespace dsv4::cuda

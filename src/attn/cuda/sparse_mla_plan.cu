@@ -3,12 +3,13 @@
 // be captured in a CUDA graph. Run once per step and layer type; every layer
 // of that type reuses it (SPEC §7).
 //
-// Two ways to cut the step's tiles into one contiguous range per CTA:
-//  * whole units: range boundaries only at unit boundaries, CTA c taking the
-//    units that start in [c W / G, (c + 1) W / G) (W tiles, G CTAs). No
-//    merge, but a CTA may get up to a unit more than W / G tiles.
-//  * even split: CTA c takes tiles [c per, (c + 1) per), per = ceil(W / G)
-//    (raised so that no unit spans more than kMaxPartials CTAs); the units
+// Two ways to cut the step's tiles into one contiguous range per work slot
+// (a CTA, or a cluster of two for pairs of head blocks):
+//  * whole units: range boundaries only at unit boundaries, slot c taking the
+//    units that start in [c W / G, (c + 1) W / G) (W tiles, G slots). No
+//    merge, but a slot may get up to a unit more than W / G tiles.
+//  * even split: slot c takes tiles [c per, (c + 1) per), per = ceil(W / G)
+//    (raised so that no unit spans more than kMaxPartials slots); the units
 //    cut by a boundary are listed for the combine kernel, which merges their
 //    partials (about split_penalty tiles).
 // The plan takes whole units when their largest CTA load is within the
@@ -38,24 +39,24 @@ __device__ __forceinline__ int unit_tiles(int swa_len, int extra_len) {
 // spans; docs/perf-notes.md, runs 14-15).
 __device__ __forceinline__ int split_penalty(int per, int split_units) { return 1 + per / 16 + split_units / 16; }
 
-// At most this many CTAs share one unit: the combine merges every float4 of
+// At most this many slots share one unit: the combine merges every float4 of
 // a split row over all its partials in at most 8 threads (sparse_mla_combine.cu).
 constexpr int kMaxPartials = 64;
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ AttnParams p) {
   __shared__ int warp_sums[kPlanThreads / 32];
   __shared__ int s_total, s_makespan, s_splits, s_longest, s_cut, s_parts;
-  __shared__ int load[kMaxGrid];  // tiles per CTA with whole units
+  __shared__ int load[kMaxGrid];  // tiles per slot with whole units
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int units = p.num_tokens * p.head_blocks;
+  const int units = p.num_tokens * p.plan_head_blocks, slots = p.grid / p.cluster;
   const int chunk = (units + kPlanThreads - 1) / kPlanThreads;
   const int u_begin = min(units, tid * chunk), u_end = min(units, u_begin + chunk);
-  for (int c = tid; c < p.grid; c += kPlanThreads) load[c] = 0;
+  for (int c = tid; c < slots; c += kPlanThreads) load[c] = 0;
   if (tid == 0) s_makespan = s_longest = s_cut = 0;
 
   int sum = 0, longest = 0;
   for (int u = u_begin; u < u_end; ++u) {
-    const int t = u / p.head_blocks;
+    const int t = u / p.plan_head_blocks;
     const int tiles = unit_tiles(clamped_length(p.swa, t), clamped_length(p.extra, t));
     sum += tiles;
     longest = max(longest, tiles);
@@ -87,14 +88,14 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
   }
   __syncthreads();
   const int total = s_total;
-  const int per = max(max(1, (total + p.grid - 1) / p.grid), (s_longest + kMaxPartials - 1) / kMaxPartials);
-  // The CTA of a unit when units stay whole: the window its first tile is in.
-  auto whole_cta = [&](int start) { return int(int64_t(start) * p.grid / total); };
+  const int per = max(max(1, (total + slots - 1) / slots), (s_longest + kMaxPartials - 1) / kMaxPartials);
+  // The slot of a unit when units stay whole: the window its first tile is in.
+  auto whole_cta = [&](int start) { return int(int64_t(start) * slots / total); };
 
   // Unit records, and the load of each CTA with whole units.
   int start = offset;
   for (int u = u_begin; u < u_end; ++u) {
-    const int t = u / p.head_blocks;
+    const int t = u / p.plan_head_blocks;
     const int ls = clamped_length(p.swa, t), le = clamped_length(p.extra, t);
     const int tiles = unit_tiles(ls, le);
     p.plan.unit_info[u] = make_int4(start, ls, le, 0);
@@ -103,31 +104,31 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
     start += tiles;
   }
   __syncthreads();
-  for (int c = tid; c < p.grid; c += kPlanThreads) atomicMax(&s_makespan, load[c]);
+  for (int c = tid; c < slots; c += kPlanThreads) atomicMax(&s_makespan, load[c]);
   __syncthreads();
   const bool whole_units = s_makespan < per + split_penalty(per, s_cut);
 
-  // Idle CTAs first (overwritten below for CTAs that get work).
-  for (int c = tid; c < p.grid; c += kPlanThreads) p.plan.cta_work[c] = make_int4(total, total, 0, per);
+  // Idle slots first (overwritten below for slots that get work).
+  for (int c = tid; c < slots; c += kPlanThreads) p.plan.cta_work[c] = make_int4(total, total, 0, per);
   if (tid == 0) s_splits = s_parts = 0;
   __syncthreads();
   start = offset;
   for (int u = u_begin; u < u_end; ++u) {
     const int end = start + unit_tiles(p.plan.unit_info[u].y, p.plan.unit_info[u].z);
     if (whole_units) {
-      // The first unit of its CTA writes the CTA's record; the range ends
-      // where the next CTA's first unit starts.
+      // The first unit of its slot writes the slot's record; the range ends
+      // where the next slot's first unit starts.
       const int c = whole_cta(start);
       if (u == 0 || whole_cta(p.plan.unit_info[u - 1].x) != c) {
-        int next = u + 1;  // units are few per CTA: walk to the first unit of another CTA
+        int next = u + 1;  // units are few per slot: walk to the first unit of another slot
         while (next < units && whole_cta(p.plan.unit_info[next].x) == c) ++next;
         p.plan.cta_work[c] = make_int4(start, next < units ? p.plan.unit_info[next].x : total, u, per);
       }
     } else {
-      for (int c = (start + per - 1) / per; c * per < end && c < p.grid; ++c)
+      for (int c = (start + per - 1) / per; c * per < end && c < slots; ++c)
         p.plan.cta_work[c] = make_int4(c * per, min(c * per + per, total), u, per);
       if (start / per != (end - 1) / per) {
-        p.plan.split_units[atomicAdd(&s_splits, 1)] = u;  // < grid: one per boundary
+        p.plan.split_units[atomicAdd(&s_splits, 1)] = u;  // < slots: one per boundary
         atomicMax(&s_parts, (end - 1) / per - start / per + 1);
       }
     }

@@ -16,7 +16,16 @@
 //    bound), runs the online softmax with the sink over whole rows, writes P
 //    (and the rows' rescale factors) for V, and computes P V for dims 0..255.
 // So the gathers and dequantization of both halves overlap the tensor work,
-// and S and V meet once per tile (P ready / P free). Shared memory: Q 64 KB,
+// and S and V meet once per tile (P ready / P free).
+// With kCluster = 2 (H = 128) the two CTAs of a cluster run the same tiles
+// for the two head blocks of a token. The producer of rank r alone
+// dequantizes entries 32 r .. 32 r + 31 of each tile, into its own K buffer
+// and, with st.async, into the peer's; V only computes its P V. S waits for
+// the producer ("full") and for the peer's bytes ("remote" mbarrier, counted
+// in transaction bytes); a K buffer is free once the S and V of both CTAs
+// released it. Each record is then gathered by one SM only: when both CTAs
+// of a pair loaded the same records at the same time, the loads took about
+// 2.5 times as long (docs/perf-notes.md, run 39). Shared memory: Q 64 KB,
 // two K buffers 128 KB, P 8 KB, the staging slot 19 KB (a whole tile of raw
 // records next to two K buffers would not fit). Why this split:
 // docs/perf-notes.md (runs 26-35).
@@ -29,8 +38,12 @@ static_assert(kAttnThreads == 3 * 128, "S, V and producer warpgroups");
 // (65,536 / 384, rounded down to a multiple of 8). S needs 224 for its O
 // accumulators plus two Q K^T chains (with fewer, ptxas serializes its
 // wgmma); V then has 160 (a 32-byte spill) and the producer 120.
+// In a pair V does no dequantization and the producer more: V 152, the
+// producer 128.
 constexpr int kLaunchRegs = 168, kRegsS = 224, kRegsV = 160, kRegsProducer = 120;
+constexpr int kPairRegsV = 160, kPairRegsProducer = 120;
 static_assert(kRegsS + kRegsV + kRegsProducer <= 3 * kLaunchRegs, "register file");
+static_assert(kRegsS + kPairRegsV + kPairRegsProducer <= 3 * kLaunchRegs, "register file");
 
 // setmaxnreg: .inc may only raise a warpgroup's count, .dec only lower it.
 template <int N>
@@ -46,11 +59,11 @@ constexpr int kStageData = kHalf * 576;
 constexpr int kOffK0 = kQBytes;                             // K buffer b at kOffK0 + b * kKBytes
 constexpr int kOffP = kOffK0 + 2 * kKBytes;                 // P: 64 heads x 64 entries bf16
 constexpr int kOffStage = kOffP + kPBytes;                  // 32 records, then V's scale copies (8 bytes a thread)
-constexpr int kOffMask = kOffStage + kStageData + 128 * 8;  // [2 buffers][64]: entry valid
-constexpr int kOffAlpha = kOffMask + 2 * kTileEntries;      // [64] floats: this tile's rescale of O rows
+constexpr int kOffMask = kOffStage + kStageData + 128 * 8;  // [2 buffers][8 groups of 8 entries][16 bytes]: entry valid
+constexpr int kOffAlpha = kOffMask + 2 * 8 * 16;            // [64] floats: this tile's rescale of O rows
 constexpr int kOffStats = kOffAlpha + 64 * 4;               // m[64], l[64] at a unit end
-constexpr int kOffBar = kOffStats + 2 * 64 * 4;             // mbarriers full[2], half[2], empty[2]
-constexpr int kSmemBytes = kOffBar + 48 + 1024;             // + room to align the base
+constexpr int kOffBar = kOffStats + 2 * 64 * 4;             // mbarriers full[2], half[2], empty[2], remote[2]
+constexpr int kSmemBytes = kOffBar + 64 + 1024;             // + room to align the base
 static_assert(kOffP % 1024 == 0 && kOffBar % 8 == 0, "alignment");
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
 
@@ -61,13 +74,36 @@ constexpr uint32_t kBarPReady = 1, kBarPFree = 2, kBarS = 3, kBarV = 4;
 __device__ __forceinline__ uint32_t full_bar(uint32_t sbase, int b) { return sbase + kOffBar + 8 * b; }
 __device__ __forceinline__ uint32_t half_bar(uint32_t sbase, int b) { return sbase + kOffBar + 16 + 8 * b; }
 __device__ __forceinline__ uint32_t empty_bar(uint32_t sbase, int b) { return sbase + kOffBar + 32 + 8 * b; }
+__device__ __forceinline__ uint32_t remote_bar(uint32_t sbase, int b) { return sbase + kOffBar + 48 + 8 * b; }
 
-// An mbarrier wait; with diagnostics on, `timer` (one thread of the
-// warpgroup) adds the nanoseconds it waited to debug slot k.
-__device__ __forceinline__ void timed_wait(const AttnParams& p, uint32_t bar, uint32_t parity, bool timer, int k) {
-  if (p.debug_clock == nullptr) return mbar_wait(bar, parity);
+// The valid flag of entry e of K buffer b: a byte, the 8 bytes of 8
+// consecutive entries in one 16-byte group (the other 8 stay 0), which a
+// producer warp copies to the peer along with its rows.
+__host__ __device__ constexpr int mask_off(int b, int e) { return kOffMask + b * 128 + (e >> 3) * 16 + (e & 7); }
+
+constexpr uint32_t kPeerBytes = kHalf * 1024 + 4 * 16;  // the peer's 32 K rows (bf16) and their 4 mask groups
+// Where this CTA's dequantized chunks also go: the peer CTA of a pair
+// (cluster addresses of its shared memory), or nowhere.
+struct PeerCta {
+  uint32_t rank = 0;  // this CTA's rank in the cluster; its head block is unit group * kCluster + rank
+  uint32_t base = 0;  // the peer's shared-memory base (the same layout as ours)
+};
+
+// S and V (lane 0 of each warp) release K buffer b: ours, and in a pair the
+// peer's, which our writers fill too.
+template <int kCluster>
+__device__ __forceinline__ void release_buffer(uint32_t sbase, const PeerCta& peer, int b) {
+  mbar_arrive(empty_bar(sbase, b));
+  if constexpr (kCluster > 1) mbar_arrive_remote(empty_bar(peer.base, b));
+}
+
+// Runs wait(); with diagnostics on, `timer` (one thread of the warpgroup)
+// adds the nanoseconds it took to debug slot k.
+template <typename Wait>
+__device__ __forceinline__ void timed(const AttnParams& p, bool timer, int k, Wait&& wait) {
+  if (p.debug_clock == nullptr) return wait();
   const uint64_t t0 = global_timer_ns();
-  mbar_wait(bar, parity);
+  wait();
   if (timer) p.debug_clock[blockIdx.x * kDebugSlots + k] += global_timer_ns() - t0;
 }
 
@@ -90,7 +126,8 @@ __device__ __forceinline__ void load_quarter(const AttnParams& p, EntryRef r, in
   x.valid = rp.data != nullptr;
   const uint4* d = reinterpret_cast<const uint4*>(rp.data);
 #pragma unroll
-  for (int i = 0; i < 9; ++i) x.c[i] = x.valid ? __ldg(d + record_chunk(q, i)) : make_uint4(0, 0, 0, 0);
+  for (int i = 0; i < 9; ++i)
+    x.c[i] = x.valid ? __ldg(d + record_chunk(q, i)) : make_uint4(0, 0, 0, 0);
   x.scales = x.valid ? __ldg(reinterpret_cast<const uint2*>(rp.scales)) : make_uint2(0, 0);
 }
 
@@ -108,9 +145,13 @@ __device__ __forceinline__ void store_chunk(uint8_t* kbuf, int e, int k, uint4 v
     dequant_chunk<false>(w, f, o);
   else  // scales >= 2^8: never produced for real caches, exact two-step path
     dequant_chunk<true>(w, f, o);
-  *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k)) = make_uint4(o[0], o[1], o[2], o[3]);
-  *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
-  if (has_nan_codes(v)) patch_nan_codes(v, kbuf, e, 16 * k);
+  uint4 lo = make_uint4(o[0], o[1], o[2], o[3]), hi = make_uint4(o[4], o[5], o[6], o[7]);
+  if (has_nan_codes(v)) {  // never written by the quantizer
+    lo = patch_nan_codes(v.x, v.y, lo);
+    hi = patch_nan_codes(v.z, v.w, hi);
+  }
+  *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k)) = lo;
+  *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k + 1)) = hi;
 }
 
 // The scale byte of step `step` (< 7: 64-dim block `step`) of a quarter.
@@ -124,12 +165,29 @@ __device__ __forceinline__ void store_quarter(uint8_t* kbuf, int e, int q, const
   for (int step = 0; step < 9; ++step) store_chunk(kbuf, e, record_chunk(q, step), x.c[step], step_scale(x.scales, step));
 }
 
-__device__ __forceinline__ void produce(const AttnParams& p, uint8_t* smem, int a, int b, int u0) {
-  const int tp = threadIdx.x - 256, e = tp >> 2, q = tp & 3;
+// In a pair: a producer warp's 8 K rows e0 .. e0 + 7 of buffer kb (1 KB of
+// every plane) and their mask group to the same places in the peer, by the
+// copy engine; the peer's "remote" mbarrier counts the bytes. (16-byte
+// st.async from every thread kept the producer busy about 3.6 us per tile:
+// run 39.)
+__device__ __forceinline__ void copy_rows_to_peer(uint32_t sbase, const PeerCta& peer, int kb, int e0) {
+  const uint32_t off = kOffK0 + kb * kKBytes + e0 * 128, bar = remote_bar(peer.base, kb);
+#pragma unroll
+  for (int plane = 0; plane < 8; ++plane) bulk_copy_to_cta(peer.base + off + plane * kPlane, sbase + off + plane * kPlane, 8 * 128, bar);
+  bulk_copy_to_cta(peer.base + mask_off(kb, e0), sbase + mask_off(kb, e0), 16, bar);
+}
+
+// In a pair, rank r serves entries 32 r + tp / 4 and copies each warp's
+// rows and mask group to the peer.
+template <int kCluster>
+__device__ __forceinline__ void produce(const AttnParams& p, uint8_t* smem, const PeerCta& peer, int a, int b, int u0) {
+  const int tp = threadIdx.x - 256, q = tp & 3;
+  const int e = kCluster > 1 ? kHalf * int(peer.rank) + (tp >> 2) : tp >> 2;
   const uint32_t sbase = smem_u32(smem);
   const int n = b - a;
   UnitWalker w;
   w.start(p, u0);
+  // The walker only moves forward: tiles in increasing order.
   auto ref = [&](int k) { return k < n ? fetch_ref(p, w, a + k, e) : EntryRef{-1, -1}; };
   // Records two tiles ahead in registers (x0: even tiles, x1: odd), indices
   // four tiles ahead.
@@ -140,11 +198,15 @@ __device__ __forceinline__ void produce(const AttnParams& p, uint8_t* smem, int 
   auto step = [&](int s, Quarter& x) {
     const int kb = s & 1;
     const EntryRef r4 = ref(s + 4);
-    if (s >= 2) timed_wait(p, empty_bar(sbase, kb), ((s >> 1) + 1) & 1, tp == 0, kDebugProducerWait);  // tile s - 2 consumed
-    uint8_t* kbuf = smem + kOffK0 + kb * kKBytes;
-    store_quarter(kbuf, e, q, x);
-    if (q == 0) smem[kOffMask + kb * kTileEntries + e] = x.valid ? 1 : 0;
-    fence_proxy_async();  // the K stores are read by wgmma
+    if (s >= 2)  // tile s - 2 consumed (in a pair: by both CTAs)
+      timed(p, tp == 0, kDebugProducerWait, [&] { mbar_wait(empty_bar(sbase, kb), ((s >> 1) + 1) & 1); });
+    store_quarter(smem + kOffK0 + kb * kKBytes, e, q, x);
+    if (q == 0) smem[mask_off(kb, e)] = x.valid ? 1 : 0;
+    fence_proxy_async();  // the K stores are read by wgmma (and the copy engine)
+    if constexpr (kCluster > 1) {
+      __syncwarp();
+      if ((tp & 31) == 0) copy_rows_to_peer(sbase, peer, kb, e & ~7);
+    }
     mbar_arrive(full_bar(sbase, kb));
     load_quarter(p, r2, q, x);  // tile s + 2
     r2 = r3;
@@ -175,7 +237,7 @@ __device__ __forceinline__ void issue_stage(const AttnParams& p, EntryRef r, uin
     cp_async_16(dst + 16 * c, data + 16 * c, nb);
   }
   cp_async_8(smem_u32(smem + kOffStage + kStageData) + tv * 8, scales, nb / 2);
-  if (q == 0) smem[kOffMask + kb * kTileEntries + kHalf + e] = valid ? 1 : 0;
+  if (q == 0) smem[mask_off(kb, kHalf + e)] = valid ? 1 : 0;
 }
 
 __device__ __forceinline__ void dequantize_stage(uint8_t* smem, int kb, int tv) {
@@ -201,10 +263,12 @@ struct UnitEnd {
   bool whole;
 };
 
-__device__ __forceinline__ UnitEnd unit_end(const AttnParams& p, const UnitWalker& w, int a, int b, int u0) {
+template <int kCluster>
+__device__ __forceinline__ UnitEnd unit_end(const AttnParams& p, const UnitWalker& w, const PeerCta& peer, int a, int b,
+                                            int u0) {
   UnitEnd u;
   u.tok = w.tok;
-  u.hb = w.hb;
+  u.hb = w.hb * kCluster + int(peer.rank);
   u.heff = min(kHeadBlock, p.num_heads - w.hb * kHeadBlock);
   u.whole = w.begin() >= a && w.end() <= b;
   u.pslot = w.u == u0 ? 0 : 1;
@@ -281,9 +345,10 @@ __device__ __forceinline__ void issue_pv(float (&acc)[128], uint32_t sbase, int 
   wgmma_commit();
 }
 
-// Q rows of one unit, by S's 128 threads.
-__device__ __forceinline__ void load_q(const AttnParams& p, uint8_t* smem, int unit) {
-  const int t = unit / p.head_blocks, hb = unit - t * p.head_blocks;
+// Q rows of this CTA's head block of one unit, by S's 128 threads.
+template <int kCluster>
+__device__ __forceinline__ void load_q(const AttnParams& p, uint8_t* smem, const PeerCta& peer, int unit) {
+  const int t = unit / p.plan_head_blocks, hb = (unit - t * p.plan_head_blocks) * kCluster + int(peer.rank);
   const uint32_t qs = smem_u32(smem + kOffQ);
 #pragma unroll 4
   for (int i = threadIdx.x; i < kHeadBlock * 64; i += 128) {
@@ -296,13 +361,14 @@ __device__ __forceinline__ void load_q(const AttnParams& p, uint8_t* smem, int u
 }
 
 // ---- S (warpgroup 0) ---------------------------------------------------------
-__device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, int a, int b, int u0) {
+template <int kCluster>
+__device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, const PeerCta& peer, int a, int b, int u0) {
   const int t = threadIdx.x, lane = t & 31, g = lane >> 2, c4 = lane & 3, r0 = 16 * (t >> 5) + g;
   const int n = b - a;
   const uint32_t sbase = smem_u32(smem);
   float* alpha_buf = reinterpret_cast<float*>(smem + kOffAlpha);
   float* stats = reinterpret_cast<float*>(smem + kOffStats);
-  load_q(p, smem, u0);
+  load_q<kCluster>(p, smem, peer, u0);
   cp_async_commit();
   float acc[128];
   float m_run[2], l_run[2];
@@ -320,8 +386,15 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, in
       fence_proxy_async();  // Q came through cp.async, wgmma reads it
       bar_sync(kBarS, 128);
     }
-    timed_wait(p, full_bar(sbase, kb), (s >> 1) & 1, t == 0, kDebugConsumerWait);  // rows 0..31
-    mbar_wait(half_bar(sbase, kb), (s >> 1) & 1);                                   // rows 32..63
+    timed(p, t == 0, kDebugConsumerWait, [&] {
+      mbar_wait(full_bar(sbase, kb), (s >> 1) & 1);  // the producer's rows (and the mask)
+      if constexpr (kCluster == 1) {
+        mbar_wait(half_bar(sbase, kb), (s >> 1) & 1);  // V's rows 32..63
+      } else {  // the peer's 32 rows: kPeerBytes through st.async
+        if (t == 0) mbar_arrive_expect_tx(remote_bar(sbase, kb), kPeerBytes);
+        mbar_wait(remote_bar(sbase, kb), (s >> 1) & 1);
+      }
+    });
 
     // ---- S = Q K^T, 64 heads x 64 entries ---------------------------------------
     float sc[32];
@@ -351,17 +424,16 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, in
       for (int i = 0; i < 32; ++i) sc[i] += sd[i];
     }
     if (unit_last && s + 1 < n) {  // Q is free: the next unit's
-      load_q(p, smem, w.u + 1);
+      load_q<kCluster>(p, smem, peer, w.u + 1);
       cp_async_commit();
     }
 
     // ---- online softmax with the sink, whole rows --------------------------------
-    const uint8_t* mask = smem + kOffMask + kb * kTileEntries;
+    const uint8_t* mask = smem + mask_off(kb, 0);
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const int col = 8 * j + 2 * c4;
-      const bool v0 = mask[col] != 0, v1 = mask[col + 1] != 0;
+      const bool v0 = mask[16 * j + 2 * c4] != 0, v1 = mask[16 * j + 2 * c4 + 1] != 0;  // entries 8 j + 2 c4, + 1
       sc[4 * j] = v0 ? sc[4 * j] * p.scale_log2 : -INFINITY;
       sc[4 * j + 1] = v1 ? sc[4 * j + 1] * p.scale_log2 : -INFINITY;
       sc[4 * j + 2] = v0 ? sc[4 * j + 2] * p.scale_log2 : -INFINITY;
@@ -375,7 +447,7 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, in
     const float alpha0 = fast_exp2(m_run[0] - base0), alpha1 = fast_exp2(m_run[1] - base1);
     m_run[0] = mn0;
     m_run[1] = mn1;
-    if (s > 0) bar_sync(kBarPFree, 256);  // V is done with the previous P, alpha and statistics
+    if (s > 0) timed(p, t == 0, kDebugSPFree, [] { bar_sync(kBarPFree, 256); });  // V is done with the previous P, alpha and statistics
     float sum0 = 0.0f, sum1 = 0.0f;
     uint8_t* prow0 = smem + kOffP + r0 * 128 + 4 * c4;
 #pragma unroll
@@ -414,14 +486,18 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, in
     issue_pv(acc, sbase, kb, 0, unit_first, alpha0, alpha1);
     wgmma_wait<0>();
     fence_regs(acc);
-    if (unit_last) finish_half(p, smem, acc, 0, kb, unit_end(p, w, a, b, u0), m_run, l_row, kBarS);
-    if (lane == 0) mbar_arrive(empty_bar(sbase, kb));
+    if (unit_last) finish_half(p, smem, acc, 0, kb, unit_end<kCluster>(p, w, peer, a, b, u0), m_run, l_row, kBarS);
+    if (lane == 0) release_buffer<kCluster>(sbase, peer, kb);
   }
   cp_async_wait_group<0>();  // nothing may land in shared memory after we return
 }
 
 // ---- V (warpgroup 1) ---------------------------------------------------------
-__device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, int a, int b, int u0) {
+// Alone (kCluster = 1), V also gathers and dequantizes entries 32..63; in a
+// pair the producers do all the dequantization and V only its P V.
+template <int kCluster>
+__device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, const PeerCta& peer, int a, int b, int u0) {
+  constexpr bool kStages = kCluster == 1;
   const int t = threadIdx.x - 128, lane = t & 31, g = lane >> 2, r0 = 16 * (t >> 5) + g;
   const int n = b - a;
   const uint32_t sbase = smem_u32(smem);
@@ -430,17 +506,18 @@ __device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, in
   const int e = kHalf + (t >> 2);
   UnitWalker gw;  // the staging cursor
   gw.start(p, u0);
-  // Tile a's half now, tile a + 1's staged.
-  issue_stage(p, fetch_ref(p, gw, a, e), smem, 0, t);
-  cp_async_commit();
-  cp_async_wait_group<0>();
-  dequantize_stage(smem, 0, t);
-  fence_proxy_async();
-  mbar_arrive(half_bar(sbase, 0));
-  if (n > 1) issue_stage(p, fetch_ref(p, gw, a + 1, e), smem, 1, t);
-  cp_async_commit();
   EntryRef pending{-1, -1};
-  if (n > 2) pending = fetch_ref(p, gw, a + 2, e);
+  if constexpr (kStages) {  // tile a's half now, tile a + 1's staged
+    issue_stage(p, fetch_ref(p, gw, a, e), smem, 0, t);
+    cp_async_commit();
+    cp_async_wait_group<0>();
+    dequantize_stage(smem, 0, t);
+    fence_proxy_async();
+    mbar_arrive(half_bar(sbase, 0));
+    if (n > 1) issue_stage(p, fetch_ref(p, gw, a + 1, e), smem, 1, t);
+    cp_async_commit();
+    if (n > 2) pending = fetch_ref(p, gw, a + 2, e);
+  }
 
   float acc[128];
   UnitWalker w;
@@ -450,13 +527,13 @@ __device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, in
     if (tile >= w.end()) w.advance();
     const bool unit_first = s == 0 || tile == w.begin();
     const bool unit_last = s + 1 == n || tile + 1 == w.end();
-    bar_sync(kBarPReady, 256);  // P, alpha (and at a unit end the statistics) of tile s
+    timed(p, t == 0, kDebugVPReady, [] { bar_sync(kBarPReady, 256); });  // P, alpha (and at a unit end the statistics) of tile s
     issue_pv(acc, sbase, kb, 1, unit_first, alpha_buf[r0], alpha_buf[r0 + 8]);
     // While P V runs: tile s + 1's half into the other K buffer (free once
     // both warpgroups released it after tile s - 1), then tile s + 2's gathers.
-    if (s + 1 < n) {
-      cp_async_wait_group<0>();
-      if (s >= 1) mbar_wait(empty_bar(sbase, kb ^ 1), (((s + 1) >> 1) + 1) & 1);
+    if (kStages && s + 1 < n) {
+      timed(p, t == 0, kDebugVStage, [] { cp_async_wait_group<0>(); });
+      if (s >= 1) timed(p, t == 0, kDebugVEmpty, [&] { mbar_wait(empty_bar(sbase, kb ^ 1), (((s + 1) >> 1) + 1) & 1); });
       dequantize_stage(smem, kb ^ 1, t);
       fence_proxy_async();  // the K stores are read by wgmma
       mbar_arrive(half_bar(sbase, kb ^ 1));
@@ -468,38 +545,52 @@ __device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, in
     fence_regs(acc);
     if (unit_last) {
       const float m[2] = {stats[r0], stats[r0 + 8]}, l[2] = {stats[64 + r0], stats[64 + r0 + 8]};
-      finish_half(p, smem, acc, 1, kb, unit_end(p, w, a, b, u0), m, l, kBarV);
+      finish_half(p, smem, acc, 1, kb, unit_end<kCluster>(p, w, peer, a, b, u0), m, l, kBarV);
     }
-    if (lane == 0) mbar_arrive(empty_bar(sbase, kb));
+    if (lane == 0) release_buffer<kCluster>(sbase, peer, kb);
     if (s + 1 < n) named_arrive(kBarPFree, 256);
   }
   cp_async_wait_group<0>();
 }
 
-// The whole CTA: barriers, then the roles.
+// The whole CTA: barriers, then the roles. In a pair the peer's writers and
+// releases target our barriers and buffers, so both CTAs initialise theirs
+// before either starts, and neither exits while the other may still arrive.
+template <int kCluster>
 __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* smem, int a, int b, int u0) {
   const uint32_t sbase = smem_u32(smem);
   if (threadIdx.x == 0) {
     for (int i = 0; i < 2; ++i) {
       mbar_init(full_bar(sbase, i), 128);
       mbar_init(half_bar(sbase, i), 128);
-      mbar_init(empty_bar(sbase, i), 8);  // the warps of S and V
+      mbar_init(empty_bar(sbase, i), 8 * kCluster);  // the warps of S and V (of both CTAs)
+      mbar_init(remote_bar(sbase, i), 1);            // S's expect_tx; the bytes come from the peer
     }
   }
-  __syncthreads();
+  for (int i = threadIdx.x; i < 2 * 8 * 16; i += kAttnThreads) smem[kOffMask + i] = 0;  // the groups' unused bytes
+  PeerCta peer;
+  if constexpr (kCluster > 1) {
+    if (threadIdx.x == 0) fence_mbar_init_cluster();
+    peer.rank = cluster_ctarank();
+    peer.base = map_to_cta(sbase, peer.rank ^ 1u);
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
   // Warp-uniform role (a shuffle from lane 0), so that the wgmma are not
   // treated as divergent.
   const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (role == 0) {
     set_regs<kRegsS>();
-    consume_s(p, smem, a, b, u0);
+    consume_s<kCluster>(p, smem, peer, a, b, u0);
   } else if (role == 1) {
-    set_regs<kRegsV>();
-    consume_v(p, smem, a, b, u0);
+    set_regs<kCluster == 1 ? kRegsV : kPairRegsV>();
+    consume_v<kCluster>(p, smem, peer, a, b, u0);
   } else {
-    set_regs<kRegsProducer>();
-    produce(p, smem, a, b, u0);
+    set_regs<kCluster == 1 ? kRegsProducer : kPairRegsProducer>();
+    produce<kCluster>(p, smem, peer, a, b, u0);
   }
+  if constexpr (kCluster > 1) cluster_sync();
 }
 
 }  // namespace dsv4::cuda::mla
