@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
   for (int idx = blockIdx.x * kCombineThreads + threadIdx.x; idx < threads; idx += gridDim.x * kCombineThreads) {
     const int item = idx >> lg, lane = idx & ((1 << lg) - 1);
     const int h = (item / kRowF4) % kHeadBlock, f = item % kRowF4;
-    const int ku = item / (kHeadBlock * kRowF4), k = ku / p.cluster, r = ku - k * p.cluster;
+    const int ku = item / (kHeadBlock * kRowF4), k = ku >> (p.cluster - 1), r = ku & (p.cluster - 1);  // cluster: 1 or 2
     const int u = __ldg(p.plan.split_units + k);
     const int t = u / p.plan_head_blocks, hb = (u - t * p.plan_head_blocks) * p.cluster + r;
     if (h >= min(kHeadBlock, p.num_heads - hb * kHeadBlock)) continue;  // padded head (whole warp): no output

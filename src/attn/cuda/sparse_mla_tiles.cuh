@@ -97,11 +97,13 @@ __device__ __forceinline__ void release_buffer(uint32_t sbase, const PeerCta& pe
   if constexpr (kCluster > 1) mbar_arrive_remote(empty_bar(peer.base, b));
 }
 
-// Runs wait(); with diagnostics on, `timer` (one thread of the warpgroup)
-// adds the nanoseconds it took to debug slot k.
-template <typename Wait>
+// Runs wait(); in the diagnostic instantiation (kDiag, only when the caller
+// asked for AttnParams::debug_clock) `timer` (one thread of the warpgroup)
+// adds the nanoseconds it took to debug slot k. A separate instantiation, so
+// that normal calls carry no timer code.
+template <bool kDiag, typename Wait>
 __device__ __forceinline__ void timed(const AttnParams& p, bool timer, int k, Wait&& wait) {
-  if (p.debug_clock == nullptr) return wait();
+  if constexpr (!kDiag) return wait();
   const uint64_t t0 = global_timer_ns();
   wait();
   if (timer) p.debug_clock[blockIdx.x * kDebugSlots + k] += global_timer_ns() - t0;
@@ -145,13 +147,15 @@ __device__ __forceinline__ void store_chunk(uint8_t* kbuf, int e, int k, uint4 v
     dequant_chunk<false>(w, f, o);
   else  // scales >= 2^8: never produced for real caches, exact two-step path
     dequant_chunk<true>(w, f, o);
-  uint4 lo = make_uint4(o[0], o[1], o[2], o[3]), hi = make_uint4(o[4], o[5], o[6], o[7]);
-  if (has_nan_codes(v)) {  // never written by the quantizer
-    lo = patch_nan_codes(v.x, v.y, lo);
-    hi = patch_nan_codes(v.z, v.w, hi);
+  const uint4 lo = make_uint4(o[0], o[1], o[2], o[3]), hi = make_uint4(o[4], o[5], o[6], o[7]);
+  uint4* dst_lo = reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k));
+  uint4* dst_hi = reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k + 1));
+  *dst_lo = lo;
+  *dst_hi = hi;
+  if (has_nan_codes(v)) {  // never written by the quantizer; before the row is read or copied to the peer
+    *dst_lo = patch_nan_codes(v.x, v.y, lo);
+    *dst_hi = patch_nan_codes(v.z, v.w, hi);
   }
-  *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k)) = lo;
-  *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k + 1)) = hi;
 }
 
 // The scale byte of step `step` (< 7: 64-dim block `step`) of a quarter.
@@ -167,19 +171,22 @@ __device__ __forceinline__ void store_quarter(uint8_t* kbuf, int e, int q, const
 
 // In a pair: a producer warp's 8 K rows e0 .. e0 + 7 of buffer kb (1 KB of
 // every plane) and their mask group to the same places in the peer, by the
-// copy engine; the peer's "remote" mbarrier counts the bytes. (16-byte
-// st.async from every thread kept the producer busy about 3.6 us per tile:
-// run 39.)
-__device__ __forceinline__ void copy_rows_to_peer(uint32_t sbase, const PeerCta& peer, int kb, int e0) {
-  const uint32_t off = kOffK0 + kb * kKBytes + e0 * 128, bar = remote_bar(peer.base, kb);
-#pragma unroll
-  for (int plane = 0; plane < 8; ++plane) bulk_copy_to_cta(peer.base + off + plane * kPlane, sbase + off + plane * kPlane, 8 * 128, bar);
-  bulk_copy_to_cta(peer.base + mask_off(kb, e0), sbase + mask_off(kb, e0), 16, bar);
+// copy engine; the peer's "remote" mbarrier counts the bytes. Lane i < 8
+// copies plane i, lane 8 the mask group. (16-byte st.async from every
+// thread kept the producer busy about 3.4 us per tile: run 39.)
+__device__ __forceinline__ void copy_rows_to_peer(uint32_t sbase, const PeerCta& peer, int kb, int e0, int lane) {
+  const uint32_t bar = remote_bar(peer.base, kb);
+  if (lane < 8) {
+    const uint32_t off = kOffK0 + kb * kKBytes + lane * kPlane + e0 * 128;
+    bulk_copy_to_cta(peer.base + off, sbase + off, 8 * 128, bar);
+  } else if (lane == 8) {
+    bulk_copy_to_cta(peer.base + mask_off(kb, e0), sbase + mask_off(kb, e0), 16, bar);
+  }
 }
 
 // In a pair, rank r serves entries 32 r + tp / 4 and copies each warp's
 // rows and mask group to the peer.
-template <int kCluster>
+template <int kCluster, bool kDiag>
 __device__ __forceinline__ void produce(const AttnParams& p, uint8_t* smem, const PeerCta& peer, int a, int b, int u0) {
   const int tp = threadIdx.x - 256, q = tp & 3;
   const int e = kCluster > 1 ? kHalf * int(peer.rank) + (tp >> 2) : tp >> 2;
@@ -199,13 +206,13 @@ __device__ __forceinline__ void produce(const AttnParams& p, uint8_t* smem, cons
     const int kb = s & 1;
     const EntryRef r4 = ref(s + 4);
     if (s >= 2)  // tile s - 2 consumed (in a pair: by both CTAs)
-      timed(p, tp == 0, kDebugProducerWait, [&] { mbar_wait(empty_bar(sbase, kb), ((s >> 1) + 1) & 1); });
+      timed<kDiag>(p, tp == 0, kDebugProducerWait, [&] { mbar_wait(empty_bar(sbase, kb), ((s >> 1) + 1) & 1); });
     store_quarter(smem + kOffK0 + kb * kKBytes, e, q, x);
     if (q == 0) smem[mask_off(kb, e)] = x.valid ? 1 : 0;
     fence_proxy_async();  // the K stores are read by wgmma (and the copy engine)
     if constexpr (kCluster > 1) {
       __syncwarp();
-      if ((tp & 31) == 0) copy_rows_to_peer(sbase, peer, kb, e & ~7);
+      copy_rows_to_peer(sbase, peer, kb, e & ~7, tp & 31);
     }
     mbar_arrive(full_bar(sbase, kb));
     load_quarter(p, r2, q, x);  // tile s + 2
@@ -361,7 +368,7 @@ __device__ __forceinline__ void load_q(const AttnParams& p, uint8_t* smem, const
 }
 
 // ---- S (warpgroup 0) ---------------------------------------------------------
-template <int kCluster>
+template <int kCluster, bool kDiag>
 __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, const PeerCta& peer, int a, int b, int u0) {
   const int t = threadIdx.x, lane = t & 31, g = lane >> 2, c4 = lane & 3, r0 = 16 * (t >> 5) + g;
   const int n = b - a;
@@ -386,7 +393,7 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, co
       fence_proxy_async();  // Q came through cp.async, wgmma reads it
       bar_sync(kBarS, 128);
     }
-    timed(p, t == 0, kDebugConsumerWait, [&] {
+    timed<kDiag>(p, t == 0, kDebugConsumerWait, [&] {
       mbar_wait(full_bar(sbase, kb), (s >> 1) & 1);  // the producer's rows (and the mask)
       if constexpr (kCluster == 1) {
         mbar_wait(half_bar(sbase, kb), (s >> 1) & 1);  // V's rows 32..63
@@ -447,7 +454,7 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, co
     const float alpha0 = fast_exp2(m_run[0] - base0), alpha1 = fast_exp2(m_run[1] - base1);
     m_run[0] = mn0;
     m_run[1] = mn1;
-    if (s > 0) timed(p, t == 0, kDebugSPFree, [] { bar_sync(kBarPFree, 256); });  // V is done with the previous P, alpha and statistics
+    if (s > 0) timed<kDiag>(p, t == 0, kDebugSPFree, [] { bar_sync(kBarPFree, 256); });  // V is done with the previous P, alpha and statistics
     float sum0 = 0.0f, sum1 = 0.0f;
     uint8_t* prow0 = smem + kOffP + r0 * 128 + 4 * c4;
 #pragma unroll
@@ -495,7 +502,7 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, co
 // ---- V (warpgroup 1) ---------------------------------------------------------
 // Alone (kCluster = 1), V also gathers and dequantizes entries 32..63; in a
 // pair the producers do all the dequantization and V only its P V.
-template <int kCluster>
+template <int kCluster, bool kDiag>
 __device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, const PeerCta& peer, int a, int b, int u0) {
   constexpr bool kStages = kCluster == 1;
   const int t = threadIdx.x - 128, lane = t & 31, g = lane >> 2, r0 = 16 * (t >> 5) + g;
@@ -527,13 +534,13 @@ __device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, co
     if (tile >= w.end()) w.advance();
     const bool unit_first = s == 0 || tile == w.begin();
     const bool unit_last = s + 1 == n || tile + 1 == w.end();
-    timed(p, t == 0, kDebugVPReady, [] { bar_sync(kBarPReady, 256); });  // P, alpha (and at a unit end the statistics) of tile s
+    timed<kDiag>(p, t == 0, kDebugVPReady, [] { bar_sync(kBarPReady, 256); });  // P, alpha (and at a unit end the statistics) of tile s
     issue_pv(acc, sbase, kb, 1, unit_first, alpha_buf[r0], alpha_buf[r0 + 8]);
     // While P V runs: tile s + 1's half into the other K buffer (free once
     // both warpgroups released it after tile s - 1), then tile s + 2's gathers.
     if (kStages && s + 1 < n) {
-      timed(p, t == 0, kDebugVStage, [] { cp_async_wait_group<0>(); });
-      if (s >= 1) timed(p, t == 0, kDebugVEmpty, [&] { mbar_wait(empty_bar(sbase, kb ^ 1), (((s + 1) >> 1) + 1) & 1); });
+      timed<kDiag>(p, t == 0, kDebugVStage, [] { cp_async_wait_group<0>(); });
+      if (s >= 1) timed<kDiag>(p, t == 0, kDebugVEmpty, [&] { mbar_wait(empty_bar(sbase, kb ^ 1), (((s + 1) >> 1) + 1) & 1); });
       dequantize_stage(smem, kb ^ 1, t);
       fence_proxy_async();  // the K stores are read by wgmma
       mbar_arrive(half_bar(sbase, kb ^ 1));
@@ -556,7 +563,7 @@ __device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, co
 // The whole CTA: barriers, then the roles. In a pair the peer's writers and
 // releases target our barriers and buffers, so both CTAs initialise theirs
 // before either starts, and neither exits while the other may still arrive.
-template <int kCluster>
+template <int kCluster, bool kDiag>
 __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* smem, int a, int b, int u0) {
   const uint32_t sbase = smem_u32(smem);
   if (threadIdx.x == 0) {
@@ -582,13 +589,13 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
   const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (role == 0) {
     set_regs<kRegsS>();
-    consume_s<kCluster>(p, smem, peer, a, b, u0);
+    consume_s<kCluster, kDiag>(p, smem, peer, a, b, u0);
   } else if (role == 1) {
     set_regs<kCluster == 1 ? kRegsV : kPairRegsV>();
-    consume_v<kCluster>(p, smem, peer, a, b, u0);
+    consume_v<kCluster, kDiag>(p, smem, peer, a, b, u0);
   } else {
     set_regs<kCluster == 1 ? kRegsProducer : kPairRegsProducer>();
-    produce<kCluster>(p, smem, peer, a, b, u0);
+    produce<kCluster, kDiag>(p, smem, peer, a, b, u0);
   }
   if constexpr (kCluster > 1) cluster_sync();
 }
