@@ -30,7 +30,7 @@ if has test; then
 fi
 if has sanitize; then
   echo "== compute-sanitizer"
-  filter='*SanitizerSmall*:*ZeroTokens*:*BadCalls*:*NanCode*'
+  filter='*SanitizerSmall*:*ZeroTokens*:*BadCalls*:*NanCode*:*SmallHeadCount*'
   for tool in memcheck racecheck synccheck initcheck; do
     echo "--- $tool" >>"$OUT/sanitizer.log"
     timeout 300 compute-sanitizer --tool "$tool" "$bin/sparse_attention_cuda_test" --gtest_filter="$filter" \

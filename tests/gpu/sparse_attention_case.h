@@ -193,8 +193,10 @@ inline Reference reference(const SparseAttentionParams& p, const ReferenceOption
   return r;
 }
 
-// Device copies of a case plus output buffers.
+// Device copies of a case plus output buffers. The outputs are followed by
+// a guard of kGuardRows head rows that no call may write.
 struct DeviceCase {
+  static constexpr size_t kGuardRows = 64;
   std::vector<void*> ptrs;
   SparseAttentionParams p;  // device pointers
   size_t out_elems = 0, lse_elems = 0;
@@ -221,8 +223,8 @@ struct DeviceCase {
     }
     out_elems = size_t(c.spec.tokens) * c.spec.heads * kKvDim;
     lse_elems = size_t(c.spec.tokens) * c.spec.heads;
-    p.out = upload(std::vector<uint16_t>(out_elems));
-    p.lse = upload(std::vector<float>(lse_elems));
+    p.out = upload(std::vector<uint16_t>(out_elems + kGuardRows * kKvDim));
+    p.lse = upload(std::vector<float>(lse_elems + kGuardRows));
   }
   ~DeviceCase() {
     for (void* d : ptrs) cudaFree(d);
@@ -232,8 +234,20 @@ struct DeviceCase {
 
   // 0xFF bytes: bf16 and float NaN, so an unwritten output cannot pass.
   void poison(cudaStream_t s = nullptr) const {
-    cudaMemsetAsync(p.out, 0xFF, out_elems * sizeof(uint16_t), s);
-    cudaMemsetAsync(p.lse, 0xFF, lse_elems * sizeof(float), s);
+    cudaMemsetAsync(p.out, 0xFF, (out_elems + kGuardRows * kKvDim) * sizeof(uint16_t), s);
+    cudaMemsetAsync(p.lse, 0xFF, (lse_elems + kGuardRows) * sizeof(float), s);
+  }
+  // Whether the guards behind the outputs still hold the poison.
+  bool guards_intact() const {
+    std::vector<uint16_t> o(kGuardRows * kKvDim);
+    std::vector<uint32_t> l(kGuardRows);
+    cudaMemcpy(o.data(), p.out + out_elems, o.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost);
+    cudaMemcpy(l.data(), p.lse + lse_elems, l.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    for (uint16_t v : o)
+      if (v != 0xFFFF) return false;
+    for (uint32_t v : l)
+      if (v != 0xFFFFFFFFu) return false;
+    return true;
   }
   void download(std::vector<uint16_t>& out, std::vector<float>& lse) const {
     out.assign(out_elems, 0xFFFF);  // NaN where a failed copy leaves nothing
@@ -248,6 +262,7 @@ struct DeviceCase {
     attn.run(p, nullptr);
     const cudaError_t e = cudaDeviceSynchronize();
     EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+    EXPECT_TRUE(guards_intact()) << "a call wrote past its outputs";
     download(out, lse);
   }
 };

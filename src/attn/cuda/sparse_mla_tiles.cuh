@@ -19,13 +19,14 @@
 // and S and V meet once per tile (P ready / P free).
 // With kCluster = 2 (H = 128) the two CTAs of a cluster run the same tiles
 // for the two head blocks of a token. The producer of rank r alone
-// dequantizes entries 32 r .. 32 r + 31 of each tile, into its own K buffer
-// and, with st.async, into the peer's; V only computes its P V. S waits for
-// the producer ("full") and for the peer's bytes ("remote" mbarrier, counted
-// in transaction bytes); a K buffer is free once the S and V of both CTAs
-// released it. Each record is then gathered by one SM only: when both CTAs
-// of a pair loaded the same records at the same time, the loads took about
-// 2.5 times as long (docs/perf-notes.md, run 39). Shared memory: Q 64 KB,
+// dequantizes entries 32 r .. 32 r + 31 of each tile into its K buffer, and
+// the copy engine copies those rows into the peer's; V only computes its
+// P V. S waits for its producer ("full") and for the peer's bytes ("remote"
+// mbarrier, counted in transaction bytes); a K buffer is free once the S and
+// V of both CTAs released it. So each record is gathered by one SM: when
+// both CTAs of a pair loaded the same records at the same time, the
+// producer's tile took 2.8 times as long (docs/perf-notes.md, runs 42-45).
+// Shared memory: Q 64 KB,
 // two K buffers 128 KB, P 8 KB, the staging slot 19 KB (a whole tile of raw
 // records next to two K buffers would not fit). Why this split:
 // docs/perf-notes.md (runs 26-35).
@@ -37,13 +38,10 @@ static_assert(kAttnThreads == 3 * 128, "S, V and producer warpgroups");
 // Registers per thread by role (setmaxnreg): the launch gives 168 each
 // (65,536 / 384, rounded down to a multiple of 8). S needs 224 for its O
 // accumulators plus two Q K^T chains (with fewer, ptxas serializes its
-// wgmma); V then has 160 (a 32-byte spill) and the producer 120.
-// In a pair V does no dequantization and the producer more: V 152, the
-// producer 128.
+// wgmma); V then has 160 and the producer 120. (In a pair V does no
+// dequantization, but at 152 ptxas spilled its accumulators.)
 constexpr int kLaunchRegs = 168, kRegsS = 224, kRegsV = 160, kRegsProducer = 120;
-constexpr int kPairRegsV = 160, kPairRegsProducer = 120;
 static_assert(kRegsS + kRegsV + kRegsProducer <= 3 * kLaunchRegs, "register file");
-static_assert(kRegsS + kPairRegsV + kPairRegsProducer <= 3 * kLaunchRegs, "register file");
 
 // setmaxnreg: .inc may only raise a warpgroup's count, .dec only lower it.
 template <int N>
@@ -82,8 +80,8 @@ __device__ __forceinline__ uint32_t remote_bar(uint32_t sbase, int b) { return s
 __host__ __device__ constexpr int mask_off(int b, int e) { return kOffMask + b * 128 + (e >> 3) * 16 + (e & 7); }
 
 constexpr uint32_t kPeerBytes = kHalf * 1024 + 4 * 16;  // the peer's 32 K rows (bf16) and their 4 mask groups
-// Where this CTA's dequantized chunks also go: the peer CTA of a pair
-// (cluster addresses of its shared memory), or nowhere.
+// The other CTA of a pair (its shared memory by cluster address); unused
+// when kCluster = 1.
 struct PeerCta {
   uint32_t rank = 0;  // this CTA's rank in the cluster; its head block is unit group * kCluster + rank
   uint32_t base = 0;  // the peer's shared-memory base (the same layout as ours)
@@ -128,8 +126,7 @@ __device__ __forceinline__ void load_quarter(const AttnParams& p, EntryRef r, in
   x.valid = rp.data != nullptr;
   const uint4* d = reinterpret_cast<const uint4*>(rp.data);
 #pragma unroll
-  for (int i = 0; i < 9; ++i)
-    x.c[i] = x.valid ? __ldg(d + record_chunk(q, i)) : make_uint4(0, 0, 0, 0);
+  for (int i = 0; i < 9; ++i) x.c[i] = x.valid ? __ldg(d + record_chunk(q, i)) : make_uint4(0, 0, 0, 0);
   x.scales = x.valid ? __ldg(reinterpret_cast<const uint2*>(rp.scales)) : make_uint2(0, 0);
 }
 
@@ -173,7 +170,7 @@ __device__ __forceinline__ void store_quarter(uint8_t* kbuf, int e, int q, const
 // every plane) and their mask group to the same places in the peer, by the
 // copy engine; the peer's "remote" mbarrier counts the bytes. Lane i < 8
 // copies plane i, lane 8 the mask group. (16-byte st.async from every
-// thread kept the producer busy about 3.4 us per tile: run 39.)
+// thread instead kept the producer busy about 3.4 us per tile: run 46.)
 __device__ __forceinline__ void copy_rows_to_peer(uint32_t sbase, const PeerCta& peer, int kb, int e0, int lane) {
   const uint32_t bar = remote_bar(peer.base, kb);
   if (lane < 8) {
@@ -276,7 +273,7 @@ __device__ __forceinline__ UnitEnd unit_end(const AttnParams& p, const UnitWalke
   UnitEnd u;
   u.tok = w.tok;
   u.hb = w.hb * kCluster + int(peer.rank);
-  u.heff = min(kHeadBlock, p.num_heads - w.hb * kHeadBlock);
+  u.heff = min(kHeadBlock, p.num_heads - u.hb * kHeadBlock);  // heads of this CTA's block (the last one may be partial)
   u.whole = w.begin() >= a && w.end() <= b;
   u.pslot = w.u == u0 ? 0 : 1;
   return u;
@@ -397,7 +394,7 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, co
       mbar_wait(full_bar(sbase, kb), (s >> 1) & 1);  // the producer's rows (and the mask)
       if constexpr (kCluster == 1) {
         mbar_wait(half_bar(sbase, kb), (s >> 1) & 1);  // V's rows 32..63
-      } else {  // the peer's 32 rows: kPeerBytes through st.async
+      } else {  // the peer's 32 rows and mask groups: kPeerBytes from its copy engine
         if (t == 0) mbar_arrive_expect_tx(remote_bar(sbase, kb), kPeerBytes);
         mbar_wait(remote_bar(sbase, kb), (s >> 1) & 1);
       }
@@ -591,10 +588,10 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
     set_regs<kRegsS>();
     consume_s<kCluster, kDiag>(p, smem, peer, a, b, u0);
   } else if (role == 1) {
-    set_regs<kCluster == 1 ? kRegsV : kPairRegsV>();
+    set_regs<kRegsV>();
     consume_v<kCluster, kDiag>(p, smem, peer, a, b, u0);
   } else {
-    set_regs<kCluster == 1 ? kRegsProducer : kPairRegsProducer>();
+    set_regs<kRegsProducer>();
     produce<kCluster, kDiag>(p, smem, peer, a, b, u0);
   }
   if constexpr (kCluster > 1) cluster_sync();
