@@ -36,9 +36,9 @@ __global__ void __launch_bounds__(kAttnThreads, 1) sparse_mla_kernel(const __gri
   // {first tile, end tile, first unit, per}: the same for both CTAs of a cluster.
   const int4 work = __ldg(p.plan.cta_work + blockIdx.x / kCluster);
   if (work.x >= work.y) return;
-  if (kDiag) stamp(p, kDebugStart);
+  if constexpr (kDiag) stamp(p, kDebugStart);
   attention_tiles<kCluster, kDiag>(p, smem, work.x, work.y, work.z);
-  if (kDiag) stamp(p, kDebugEnd);
+  if constexpr (kDiag) stamp(p, kDebugEnd);
 }
 
 }  // namespace

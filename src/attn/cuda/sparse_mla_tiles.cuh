@@ -101,10 +101,13 @@ __device__ __forceinline__ void release_buffer(uint32_t sbase, const PeerCta& pe
 // that normal calls carry no timer code.
 template <bool kDiag, typename Wait>
 __device__ __forceinline__ void timed(const AttnParams& p, bool timer, int k, Wait&& wait) {
-  if constexpr (!kDiag) return wait();
-  const uint64_t t0 = global_timer_ns();
-  wait();
-  if (timer) p.debug_clock[blockIdx.x * kDebugSlots + k] += global_timer_ns() - t0;
+  if constexpr (kDiag) {
+    const uint64_t t0 = global_timer_ns();
+    wait();
+    if (timer) p.debug_clock[blockIdx.x * kDebugSlots + k] += global_timer_ns() - t0;
+  } else {
+    wait();
+  }
 }
 
 // ----------------------------------------------------------------------------
