@@ -25,11 +25,11 @@
 // mbarrier, counted in transaction bytes); a K buffer is free once the S and
 // V of both CTAs released it. So each record is gathered by one SM: when
 // both CTAs of a pair loaded the same records at the same time, the
-// producer's tile took 2.8 times as long (docs/perf-notes.md, runs 42-45).
-// Shared memory: Q 64 KB,
-// two K buffers 128 KB, P 8 KB, the staging slot 19 KB (a whole tile of raw
-// records next to two K buffers would not fit). Why this split:
-// docs/perf-notes.md (runs 26-35).
+// producer's stores waited 2.8 times as long for their loads
+// (docs/perf-notes.md, runs 42-45).
+// Shared memory: Q 64 KB, two K buffers 128 KB, P 8 KB, the staging slot
+// 19 KB (a whole tile of raw records next to two K buffers would not fit).
+// Why this split: docs/perf-notes.md (runs 26-35).
 #include "attn/cuda/sparse_mla_common.cuh"
 
 namespace dsv4::cuda::mla {
