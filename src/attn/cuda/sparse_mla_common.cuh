@@ -64,6 +64,16 @@ struct UnitWalker {
     cur = nxt;
     nxt = __ldg(info + u + 1);  // info has units + 1 records; u never passes the last unit
   }
+  // Moves to the unit of tile a + s of a CTA range of n tiles from a (tiles
+  // in order) and says whether the tile is that unit's first or last there.
+  struct Place {
+    bool unit_first, unit_last;
+  };
+  __device__ __forceinline__ Place place(int a, int s, int n) {
+    const int tile = a + s;
+    if (tile >= end()) advance();
+    return {s == 0 || tile == begin(), s + 1 == n || tile + 1 == end()};
+  }
 };
 
 // Entry e of a tile: its slot and list (0: SWA, 1: extra, -1: nothing there).

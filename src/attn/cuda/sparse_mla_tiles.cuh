@@ -382,10 +382,8 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, co
   UnitWalker w;
   w.start(p, u0);
   for (int s = 0; s < n; ++s) {
-    const int tile = a + s, kb = s & 1;
-    if (tile >= w.end()) w.advance();
-    const bool unit_first = s == 0 || tile == w.begin();
-    const bool unit_last = s + 1 == n || tile + 1 == w.end();
+    const int kb = s & 1;
+    const auto [unit_first, unit_last] = w.place(a, s, n);
     if (unit_first) {  // acc: overwritten by the unit's first P V
       m_run[0] = m_run[1] = -INFINITY;
       l_run[0] = l_run[1] = 0.0f;
@@ -530,10 +528,8 @@ __device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, co
   UnitWalker w;
   w.start(p, u0);
   for (int s = 0; s < n; ++s) {
-    const int tile = a + s, kb = s & 1;
-    if (tile >= w.end()) w.advance();
-    const bool unit_first = s == 0 || tile == w.begin();
-    const bool unit_last = s + 1 == n || tile + 1 == w.end();
+    const int kb = s & 1;
+    const auto [unit_first, unit_last] = w.place(a, s, n);
     timed<kDiag>(p, t == 0, kDebugVPReady, [] { bar_sync(kBarPReady, 256); });  // P, alpha (and at a unit end the statistics) of tile s
     issue_pv(acc, sbase, kb, 1, unit_first, alpha_buf[r0], alpha_buf[r0 + 8]);
     // While P V runs: tile s + 1's half into the other K buffer (free once
@@ -546,7 +542,7 @@ __device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, co
       mbar_arrive(half_bar(sbase, kb ^ 1));
       if (s + 2 < n) issue_stage(p, pending, smem, kb, t);
       cp_async_commit();
-      if (s + 3 < n) pending = fetch_ref(p, gw, tile + 3, e);
+      if (s + 3 < n) pending = fetch_ref(p, gw, a + s + 3, e);
     }
     wgmma_wait<0>();
     fence_regs(acc);
