@@ -17,17 +17,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cache/pages.h"
+
 namespace dsv4 {
-
-// One paged fp8_ds_mla cache.
-struct KvPages {
-  const uint8_t* base = nullptr;  // page p starts at base + p * page_stride
-  int64_t num_pages = 0;
-  int entries_per_page = 64;      // 64 (SWA, C4A) or 2 (C128A)
-  size_t page_stride = 0;         // fp8_ds_mla_page_stride(entries_per_page)
-
-  int64_t capacity() const { return num_pages * entries_per_page; }
-};
 
 // Row-major [num_tokens, width] global slots plus per-token lengths (<= width).
 struct IndexList {

@@ -26,24 +26,20 @@ inline float scaled(float x, float inv, float qmax) {
 
 }  // namespace
 
-int e4m3_block_exponent(const float* x, int n) {
-  return pow2_scale_exponent(block_amax(x, n), kFp8AmaxFloor, kE4m3Max);
-}
+int e4m3_block_exponent(const float* x, int n) { return e4m3_exponent_of_amax(block_amax(x, n)); }
 
-int e2m1_block_exponent(const float* x, int n) {
-  return pow2_scale_exponent(block_amax(x, n), kFp4AmaxFloor, kE2m1Max);
-}
+int e2m1_block_exponent(const float* x, int n) { return e2m1_exponent_of_amax(block_amax(x, n)); }
 
 int quantize_e4m3_block(const float* x, int n, uint8_t* codes) {
   const int e = e4m3_block_exponent(x, n);
-  const float inv = std::ldexp(1.0f, -e);
+  const float inv = exp2_int(-e);
   for (int i = 0; i < n; ++i) codes[i] = float_to_e4m3(scaled(x[i], inv, kE4m3Max));
   return e;
 }
 
 int quantize_e2m1_block(const float* x, int n, uint8_t* codes) {
   const int e = e2m1_block_exponent(x, n);
-  const float inv = std::ldexp(1.0f, -e);
+  const float inv = exp2_int(-e);
   for (int i = 0; i < n; ++i) codes[i] = float_to_e2m1(scaled(x[i], inv, kE2m1Max));
   return e;
 }
@@ -56,7 +52,7 @@ void fake_quant(float* x, size_t n, int block, float qmax, Exponent exponent, Ro
   require(block > 0 && n % size_t(block) == 0, std::string(what) + ": length not a multiple of the block");
   for (size_t b = 0; b < n; b += size_t(block)) {
     const int e = exponent(x + b, block);
-    const float inv = std::ldexp(1.0f, -e), s = std::ldexp(1.0f, e);
+    const float inv = exp2_int(-e), s = exp2_int(e);
     for (int i = 0; i < block; ++i) x[b + i] = round(scaled(x[b + i], inv, qmax)) * s;
   }
 }

@@ -1,15 +1,14 @@
 #pragma once
 // UE8M0: an unsigned power-of-two scale, value 2^(byte - 127); 0xff is NaN.
 #include <bit>
-#include <cmath>
 #include <cstdint>
-#include <limits>
 
 namespace dsv4 {
 
-inline float ue8m0_to_float(uint8_t byte) {
-  if (byte == 0xff) return std::numeric_limits<float>::quiet_NaN();
-  return std::ldexp(1.0f, int(byte) - 127);
+// Bit arithmetic (2^-127, byte 0, is a float subnormal), so device code runs it too.
+constexpr float ue8m0_to_float(uint8_t byte) {
+  if (byte == 0xff) return std::bit_cast<float>(0x7fc00000u);
+  return std::bit_cast<float>(byte == 0 ? 0x00400000u : uint32_t(byte) << 23);
 }
 
 // The byte for 2^exponent; exponent must lie in [-127, 127].

@@ -1,0 +1,42 @@
+#pragma once
+// Warp-level building blocks shared by the CUDA ops: reductions over groups
+// of lanes and bf16 conversions with the CPU's exact rounding (numerics/).
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "numerics/bf16.h"
+
+namespace dsv4::cuda {
+
+// Reductions over aligned groups of kLanes consecutive lanes (a power of two
+// <= 32); every lane of the group gets the result. The order of the
+// additions is fixed, so results are reproducible run to run.
+template <int kLanes = 32>
+__device__ __forceinline__ float group_max(float v) {
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+template <int kLanes = 32>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <int kLanes = 32>
+__device__ __forceinline__ double group_sum(double v) {
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// bf16 bits <-> float, and float rounded to bf16 exactly as dsv4::bf16_bits
+// rounds on the CPU (NaN payloads included).
+__device__ __forceinline__ float bf16_load(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
+__device__ __forceinline__ uint16_t bf16_store(float v) { return dsv4::bf16_bits(v); }
+__device__ __forceinline__ float bf16_round(float v) { return dsv4::round_bf16(v); }
+
+}  // namespace dsv4::cuda
