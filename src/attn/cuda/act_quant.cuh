@@ -1,0 +1,41 @@
+#pragma once
+// Device building blocks of the block quantizers (SPEC §5) for kernels that
+// produce an activation or a cache record and quantize it before storing it
+// (the quantization fused into the producer). The rounding is numerics/quant.h's
+// (e4m3_exponent_of_amax, e4m3_code), so the codes equal the CPU's bit for bit.
+#include <cstdint>
+
+#include "attn/cuda/fp8_act.h"
+#include "attn/cuda/warp.cuh"
+#include "numerics/quant.h"
+
+namespace dsv4::cuda {
+
+// One block of kLanes * 4 values held by kLanes consecutive lanes, 4 each
+// (lane i of the group holds elements 4i .. 4i+3): returns the four e4m3
+// codes of this lane packed little-endian (element 4i in the low byte) and
+// sets `exponent` to the block's scale exponent (the same in every lane).
+// kLanes = 32: a 128-wide FP8-linear block; kLanes = 16: a 64-wide KV block.
+template <int kLanes>
+__device__ __forceinline__ uint32_t quantize_e4m3_x4(const float (&v)[4], int& exponent) {
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+  amax = group_max<kLanes>(amax);
+  exponent = e4m3_exponent_of_amax(amax);
+  uint32_t packed = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) packed |= uint32_t(e4m3_code(v[i], exponent)) << (8 * i);
+  return packed;
+}
+
+// A warp quantizes row m's 128-wide block kb of an FP8 activation: lane l
+// holds elements 4l .. 4l+3 of the block (already rounded to bf16 by the
+// producer when production numerics ask for it).
+__device__ __forceinline__ void store_act_block(const Fp8ActOut& out, int m, int kb, const float (&v)[4]) {
+  int e = 0;
+  const uint32_t codes = quantize_e4m3_x4<32>(v, e);
+  const int lane = threadIdx.x & 31;
+  *reinterpret_cast<uint32_t*>(out.data + int64_t(m) * out.ld + kb * kActBlock + 4 * lane) = codes;
+  if (lane == 0) out.scales[int64_t(kb) * out.scale_ld + m] = exp2_int(e);
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,31 @@
+#pragma once
+// An FP8 activation as the FP8 linears read it (SPEC §5): each row cut into
+// 128-wide blocks, each block e4m3 codes times a power-of-two fp32 scale.
+// All pointers are device pointers.
+//
+// Scale layout: block kb of row m has its scale at scales[kb * scale_ld + m]
+// ("M-major": one column of scales per 128-wide block of K), the layout
+// cuBLASLt's VEC128_32F mode reads; scale_ld >= rows.
+#include <cstdint>
+
+namespace dsv4::cuda {
+
+inline constexpr int kActBlock = 128;
+
+struct Fp8Act {
+  const uint8_t* data = nullptr;  // [rows, cols] e4m3, row stride ld bytes
+  const float* scales = nullptr;  // see above
+  int rows = 0, cols = 0;         // cols a multiple of 128
+  int64_t ld = 0, scale_ld = 0;
+};
+
+// The same buffers, written by the op that produces the activation.
+struct Fp8ActOut {
+  uint8_t* data = nullptr;
+  float* scales = nullptr;
+  int rows = 0, cols = 0;
+  int64_t ld = 0, scale_ld = 0;
+  operator Fp8Act() const { return Fp8Act{data, scales, rows, cols, ld, scale_ld}; }
+};
+
+}  // namespace dsv4::cuda
