@@ -36,6 +36,10 @@
 
 namespace {
 
+// --single-cta: H = 128 without clusters, for comparison (a run option, not
+// process state the library reads).
+bool g_single_ctas = false;
+
 #define CHECK(expr)                                                                                \
   do {                                                                                             \
     const cudaError_t e_ = (expr);                                                                 \
@@ -254,7 +258,7 @@ struct Result {
 };
 
 Result measure(Problem& pr, cudaStream_t s) {
-  dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
+  dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1, g_single_ctas});
   Result r{};
   attn.plan(pr.p, s);
   r.call = time_graph(s, [&] { attn.run(pr.p, s); });
@@ -292,7 +296,7 @@ void diagnose(cudaStream_t s) {
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Cfg& c : cfgs) {
     Problem pr = make_problem(c.b, c.heads, c.extra, c.page, false, 4242 + c.b);
-    dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
+    dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1, g_single_ctas});
     attn.plan(pr.p, s);
     const double call = time_graph(s, [&] { attn.run(pr.p, s); }, 15);
     const int g = attn.grid_size();
@@ -302,9 +306,9 @@ void diagnose(cudaStream_t s) {
     std::vector<unsigned long long> h(size_t(g) * kS);
     for (int rep = 0; rep < 2; ++rep) {  // the second call is the warm one
       CHECK(cudaMemsetAsync(d, 0, size_t(g) * kS * 8, s));
-      cu::attention_debug().clock = d;
+      attn.set_debug_clock(d);
       attn.run(pr.p, s);
-      cu::attention_debug().clock = nullptr;
+      attn.set_debug_clock(nullptr);
       CHECK(cudaStreamSynchronize(s));
     }
     CHECK(cudaMemcpy(h.data(), d, h.size() * 8, cudaMemcpyDeviceToHost));
@@ -341,7 +345,7 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool diag = argc > 1 && std::strcmp(argv[1], "--diag") == 0;
   for (int i = 1; i < argc; ++i)  // --single-cta (after any mode): H = 128 without clusters, for comparison
-    if (std::strcmp(argv[i], "--single-cta") == 0) dsv4::cuda::attention_debug().single_cta = true;
+    if (std::strcmp(argv[i], "--single-cta") == 0) g_single_ctas = true;
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -355,7 +359,7 @@ int main(int argc, char** argv) {
     // --profile B H EXTRA PAGE: plan once and run three default calls, for ncu
     // (e.g. --kernel-name regex:sparse_mla_kernel --launch-skip 2 --launch-count 1).
     Problem pr = make_problem(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), false, 99);
-    dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1});
+    dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1, g_single_ctas});
     attn.plan(pr.p, s);
     for (int i = 0; i < 3; ++i) attn.run(pr.p, s);
     CHECK(cudaStreamSynchronize(s));

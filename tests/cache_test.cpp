@@ -1,9 +1,11 @@
-// Block pool and paged caches (SPEC §6): allocation, exhaustion, freeing by position.
+// Block pool, block manager and host storage (SPEC §6): allocation,
+// exhaustion, freeing by position, shared pages, memory that follows use.
 #include <gtest/gtest.h>
 
 #include <set>
 
-#include "cache/cache_manager.h"
+#include "cache/block_manager.h"
+#include "cache/host_storage.h"
 #include "model/config.h"
 
 using namespace dsv4;
@@ -21,79 +23,170 @@ TEST(BlockPool, AllocatesEveryPageOnceThenReportsExhaustion) {
   EXPECT_THROW(pool.release(2), std::runtime_error);  // double free
 }
 
-namespace {
-CacheOptions small_caches(int32_t swa, int32_t c4a, int32_t c128a, int32_t s4, int32_t s128) {
-  CacheOptions o;
-  o.capacity[CacheGroup::kSwa] = swa, o.capacity[CacheGroup::kC4A] = c4a, o.capacity[CacheGroup::kC128A] = c128a;
-  o.capacity[CacheGroup::kC4AState] = s4, o.capacity[CacheGroup::kC128AState] = s128;
-  return o;
+TEST(BlockPool, SharedPagesAreFreedByTheirLastHolder) {
+  BlockPool pool(4);
+  const int32_t p = pool.allocate();
+  pool.retain(p);  // a second request shares the page
+  pool.set_hash(p, 0x1234);
+  EXPECT_EQ(pool.ref_count(p), 2);
+  pool.release(p);
+  EXPECT_EQ(pool.used_count(), 1);  // still held by the other
+  EXPECT_EQ(pool.hash(p), 0x1234u);
+  pool.release(p);
+  EXPECT_EQ(pool.used_count(), 0);
+  EXPECT_EQ(pool.hash(p), 0u);  // a freed page forgets its content
+  EXPECT_THROW(pool.retain(p), std::runtime_error);
 }
+
+TEST(BlockPool, HandsOutTheLowestFreeIdSoStorageStaysCompact) {
+  BlockPool pool(8);
+  for (int i = 0; i < 6; ++i) pool.allocate();
+  pool.release(4), pool.release(1), pool.release(3);
+  EXPECT_EQ(pool.allocate(), 1);
+  EXPECT_EQ(pool.allocate(), 3);
+  EXPECT_EQ(pool.high_water(), 6);
+}
+
+namespace {
+
+struct Caches {
+  ModelConfig config = preset_config("mini");
+  CacheSpec spec{config, CacheFormats{}};
+  BlockManager blocks;
+  Caches(int32_t swa, int32_t c4a, int32_t c128a, int32_t s4, int32_t s128, int64_t max_bytes = INT64_MAX)
+      : blocks(spec, limits(swa, c4a, c128a, s4, s128, max_bytes)) {}
+  static CacheLimits limits(int32_t swa, int32_t c4a, int32_t c128a, int32_t s4, int32_t s128, int64_t max_bytes) {
+    CacheLimits l;
+    l[CacheGroup::kSwa] = swa, l[CacheGroup::kC4A] = c4a, l[CacheGroup::kC128A] = c128a;
+    l[CacheGroup::kC4AState] = s4, l[CacheGroup::kC128AState] = s128;
+    l.max_bytes = max_bytes;
+    return l;
+  }
+};
+
 }  // namespace
 
-TEST(CacheManager, SlotsFollowTheBlockTables) {
-  CacheManager cm(preset_config("mini"), small_caches(16, 8, 8, 200, 8));
-  cm.open_request(5);
-  cm.reserve(5, 0, 300);
-  const auto& swa = cm.table(CacheGroup::kSwa, 5);
-  ASSERT_EQ(swa.size(), 5u);  // positions 0..299 in 64-token pages
+TEST(BlockManager, SlotsFollowTheBlockTables) {
+  Caches c(16, 8, 8, 200, 8);
+  BlockManager& bm = c.blocks;
+  bm.open_request(5);
+  bm.reserve(5, 0, 300);
+  const BlockTableRef swa = bm.table(CacheGroup::kSwa, 5);
+  ASSERT_EQ(swa.pages.size(), 5u);  // positions 0..299 in 64-token pages
+  EXPECT_EQ(swa.first, 0);
   for (int64_t pos : {0, 63, 64, 299})
-    EXPECT_EQ(cm.slot(CacheGroup::kSwa, 5, pos), swa[size_t(pos / 64)] * 64 + pos % 64);
+    EXPECT_EQ(bm.slot(CacheGroup::kSwa, 5, pos), swa.pages[size_t(pos / 64)] * 64 + pos % 64);
   // Compressed entries: slots 0..74 (C4A, 64 per page), 0..1 (C128A, 2 per page).
-  EXPECT_EQ(cm.table(CacheGroup::kC4A, 5).size(), 2u);
-  EXPECT_EQ(cm.table(CacheGroup::kC128A, 5).size(), 1u);
-  EXPECT_EQ(cm.slot(CacheGroup::kC128A, 5, 1), cm.table(CacheGroup::kC128A, 5)[0] * 2 + 1);
-  EXPECT_THROW(cm.slot(CacheGroup::kC128A, 5, 2), std::runtime_error);  // slot 2 completes at 383
+  EXPECT_EQ(bm.table(CacheGroup::kC4A, 5).pages.size(), 2u);
+  EXPECT_EQ(bm.table(CacheGroup::kC128A, 5).pages.size(), 1u);
+  EXPECT_EQ(bm.slot(CacheGroup::kC128A, 5, 1), bm.table(CacheGroup::kC128A, 5).pages[0] * 2 + 1);
+  EXPECT_THROW(bm.slot(CacheGroup::kC128A, 5, 2), std::runtime_error);  // slot 2 completes at 383
 }
 
-TEST(CacheManager, CommitFreesWhatNoLaterTokenReads) {
-  CacheManager cm(preset_config("mini"), small_caches(16, 8, 8, 200, 8));
-  cm.open_request(1);
-  cm.reserve(1, 0, 300);
-  cm.commit(1, 300);
-  // The next token (300) reads positions 173..300: SWA pages 0 and 1 (0..127) are out.
-  const auto& swa = cm.table(CacheGroup::kSwa, 1);
-  EXPECT_EQ(swa[0], -1);
-  EXPECT_EQ(swa[1], -1);
-  EXPECT_GE(swa[2], 0);
-  EXPECT_EQ(cm.pool(CacheGroup::kSwa).used_count(), 3);
+TEST(BlockManager, CommitFreesWhatNoLaterTokenReads) {
+  Caches c(16, 8, 8, 200, 8);
+  BlockManager& bm = c.blocks;
+  bm.open_request(1);
+  bm.reserve(1, 0, 300);
+  bm.commit(1, 300);
+  // The next token (300) reads positions 173..300: SWA blocks 0 and 1 (0..127) are out.
+  const BlockTableRef swa = bm.table(CacheGroup::kSwa, 1);
+  EXPECT_EQ(swa.first, 2);
+  EXPECT_EQ(swa.pages.size(), 3u);
+  EXPECT_EQ(bm.pool(CacheGroup::kSwa).used_count(), 3);
+  EXPECT_THROW(bm.slot(CacheGroup::kSwa, 1, 127), std::runtime_error);
+  EXPECT_NO_THROW(bm.slot(CacheGroup::kSwa, 1, 128));
   // C4A state: the next slot (75) pools blocks 74 and 75; blocks 0..73 are gone.
-  const auto& s4 = cm.table(CacheGroup::kC4AState, 1);
-  EXPECT_EQ(s4[73], -1);
-  EXPECT_GE(s4[74], 0);
-  EXPECT_EQ(cm.pool(CacheGroup::kC4AState).used_count(), 1);
+  EXPECT_EQ(bm.table(CacheGroup::kC4AState, 1).first, 74);
+  EXPECT_EQ(bm.pool(CacheGroup::kC4AState).used_count(), 1);
   // C128A state: slot 2 pools block 2 (positions 256..383): blocks 0, 1 are gone.
-  EXPECT_EQ(cm.pool(CacheGroup::kC128AState).used_count(), 1);
+  EXPECT_EQ(bm.pool(CacheGroup::kC128AState).used_count(), 1);
   // Compressed entries are history: all kept.
-  EXPECT_EQ(cm.pool(CacheGroup::kC4A).used_count(), 2);
-  EXPECT_EQ(cm.tokens_held(), 300);
-  cm.close_request(1);
-  for (CacheGroup g : kAllCacheGroups) EXPECT_EQ(cm.pool(g).used_count(), 0) << cache_group_name(g);
+  EXPECT_EQ(bm.pool(CacheGroup::kC4A).used_count(), 2);
+  EXPECT_EQ(bm.tokens_held(), 300);
+  // Bytes follow the pages in use.
+  int64_t bytes = 0;
+  for (CacheGroup g : kAllCacheGroups)
+    bytes += int64_t(bm.pool(g).used_count()) * int64_t(c.spec.group(g).page_bytes);
+  EXPECT_EQ(bm.bytes_in_use(), bytes);
+  bm.close_request(1);
+  for (CacheGroup g : kAllCacheGroups) EXPECT_EQ(bm.pool(g).used_count(), 0) << cache_group_name(g);
+  EXPECT_EQ(bm.bytes_in_use(), 0);
 }
 
-TEST(CacheManager, ExhaustionFailsOneRequestAndTouchesNoOther) {
-  CacheManager cm(preset_config("mini"), small_caches(6, 8, 8, 200, 8));
-  cm.open_request(1);
-  cm.open_request(2);
-  cm.reserve(1, 0, 200);  // 4 SWA pages
-  const auto before = cm.table(CacheGroup::kSwa, 1);
+TEST(BlockManager, ExhaustionFailsOneRequestAndTouchesNoOther) {
+  Caches c(6, 8, 8, 200, 8);
+  BlockManager& bm = c.blocks;
+  bm.open_request(1);
+  bm.open_request(2);
+  bm.reserve(1, 0, 200);  // 4 SWA pages
+  const auto before = std::vector<int32_t>(bm.table(CacheGroup::kSwa, 1).pages.begin(),
+                                           bm.table(CacheGroup::kSwa, 1).pages.end());
   try {
-    cm.reserve(2, 0, 200);  // needs 4, 2 free
+    bm.reserve(2, 0, 200);  // needs 4, 2 free
     FAIL() << "expected exhaustion";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("cache 'swa' is exhausted"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("request 2"), std::string::npos) << e.what();
   }
   // All or nothing: request 2 holds nothing, request 1 is as it was.
-  for (CacheGroup g : kAllCacheGroups) EXPECT_TRUE(cm.table(g, 2).empty()) << cache_group_name(g);
-  EXPECT_EQ(cm.table(CacheGroup::kSwa, 1), before);
-  EXPECT_EQ(cm.pool(CacheGroup::kSwa).free_count(), 2);
-  cm.reserve(2, 0, 100);  // what fits still works
+  for (CacheGroup g : kAllCacheGroups) EXPECT_TRUE(bm.table(g, 2).pages.empty()) << cache_group_name(g);
+  EXPECT_EQ(std::vector<int32_t>(bm.table(CacheGroup::kSwa, 1).pages.begin(), bm.table(CacheGroup::kSwa, 1).pages.end()),
+            before);
+  EXPECT_EQ(bm.pool(CacheGroup::kSwa).free_count(), 2);
+  bm.reserve(2, 0, 100);  // what fits still works
 }
 
-TEST(CacheManager, UnknownAndDuplicateRequests) {
-  CacheManager cm(preset_config("mini"), small_caches(4, 4, 4, 8, 4));
-  EXPECT_THROW(cm.reserve(9, 0, 1), std::runtime_error);
-  EXPECT_THROW(cm.close_request(9), std::runtime_error);
-  cm.open_request(9);
-  EXPECT_THROW(cm.open_request(9), std::runtime_error);
+TEST(BlockManager, TheByteLimitRefusesARunAndTouchesNothing) {
+  ModelConfig config = preset_config("mini");
+  CacheSpec spec(config, CacheFormats{});
+  // Room for request 1's 300 tokens, not for request 2's as well.
+  BlockManager probe(spec, Caches::limits(64, 64, 64, 400, 64, INT64_MAX));
+  probe.open_request(1);
+  probe.reserve(1, 0, 300);
+  const int64_t one = probe.bytes_in_use();
+  BlockManager bm(spec, Caches::limits(64, 64, 64, 400, 64, one + one / 2));
+  bm.open_request(1), bm.open_request(2);
+  bm.reserve(1, 0, 300);
+  try {
+    bm.reserve(2, 0, 300);
+    FAIL() << "expected the byte limit";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("more bytes of cache"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(bm.bytes_in_use(), one);
+  for (CacheGroup g : kAllCacheGroups) EXPECT_TRUE(bm.table(g, 2).pages.empty());
+}
+
+TEST(BlockManager, UnknownAndDuplicateRequests) {
+  Caches c(4, 4, 4, 8, 4);
+  BlockManager& bm = c.blocks;
+  EXPECT_THROW(bm.reserve(9, 0, 1), std::runtime_error);
+  EXPECT_THROW(bm.close_request(9), std::runtime_error);
+  bm.open_request(9);
+  EXPECT_THROW(bm.open_request(9), std::runtime_error);
+}
+
+TEST(BlockManager, LimitsForAHugeWorkloadStayWithin32BitSlots) {
+  const ModelConfig config = preset_config("flash");
+  const CacheSpec spec(config, CacheFormats{});
+  const CacheLimits l = CacheLimits::for_workload(spec, 1 << 20, int64_t(1) << 40, 1 << 30);
+  for (CacheGroup g : kAllCacheGroups)
+    EXPECT_LE(int64_t(l[g]) * spec.group(g).entries_per_page, INT32_MAX) << cache_group_name(g);
+  EXPECT_NO_THROW(BlockManager(spec, l));  // ids cost nothing until used
+}
+
+TEST(HostCacheStorage, GrowsWithThePagesInUseOnly) {
+  const ModelConfig config = preset_config("mini");
+  const CacheSpec spec(config, CacheFormats{});
+  HostCacheStorage storage(spec);
+  EXPECT_EQ(storage.bytes_allocated(), 0);
+  storage.ensure_pages(CacheGroup::kSwa, 3);
+  EXPECT_EQ(storage.bytes_allocated(), 3 * int64_t(spec.group(CacheGroup::kSwa).page_bytes));
+  const KvPagesMut swa0 = storage.pages(0, CacheKind::kSwa);
+  EXPECT_EQ(swa0.num_pages, 3);
+  EXPECT_EQ(swa0.entries_per_page, 64);
+  EXPECT_FALSE(storage.pages(0, CacheKind::kCompressed).base);  // layer 0 is SWA-only
+  storage.ensure_pages(CacheGroup::kSwa, 2);  // never shrinks
+  EXPECT_EQ(storage.pages(0, CacheKind::kSwa).num_pages, 3);
 }

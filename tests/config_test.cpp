@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/config.h"
+#include "model/config_json.h"
 
 using namespace dsv4;
 using nlohmann::json;

@@ -13,29 +13,28 @@ namespace {
 struct Harness {
   ModelConfig c = preset_config("mini");
   std::unique_ptr<Engine> engine;
-  explicit Harness(CacheCapacity cap) {
+  explicit Harness(CacheWorkload w) {
     c.max_position_embeddings = 2000;
     EngineOptions eo;
     eo.profile = Profile::kProduction;
-    eo.capacity = cap;
+    eo.workload = w;
     engine = Engine::from_seed(c, 3, eo);
   }
   // Runs one step; returns the output rows per accepted run and the errors.
   std::vector<std::vector<float>> step(const std::vector<Run>& runs, std::vector<RunError>& errors) {
     const StepMetadata s = engine->plan(runs, errors);
-    std::vector<float> x(size_t(s.num_tokens()) * c.hidden_size), y(x.size());
+    std::vector<float> x(size_t(s.num_tokens()) * c.hidden_size);
     for (int t = 0; t < s.num_tokens(); ++t) {  // inputs depend on (request, position) only
-      std::mt19937 rng(uint32_t(s.runs[size_t(s.token_run[size_t(t)])].request * 7919 + s.positions[size_t(t)]));
+      std::mt19937 rng(uint32_t(s.runs[size_t(s.token_run()[size_t(t)])].request * 7919 + s.positions()[size_t(t)]));
       std::normal_distribution<float> nd(0, 1);
       for (int d = 0; d < c.hidden_size; ++d) x[size_t(t) * c.hidden_size + d] = nd(rng);
     }
     std::vector<std::vector<float>> out(s.runs.size());
-    for (int l = 0; l < c.num_layers; ++l) {
-      engine->forward_layer(l, s, x.data(), y.data());
+    engine->forward_layers(s, x, false, [&](int, std::span<const float> y, const LayerCapture*) {
       for (size_t r = 0; r < s.runs.size(); ++r)
-        out[r].insert(out[r].end(), y.begin() + size_t(s.token_begin[r]) * c.hidden_size,
-                      y.begin() + size_t(s.token_begin[r + 1]) * c.hidden_size);
-    }
+        out[r].insert(out[r].end(), y.begin() + size_t(s.token_begin(int(r))) * c.hidden_size,
+                      y.begin() + size_t(s.token_begin(int(r) + 1)) * c.hidden_size);
+    });
     engine->commit(s);
     return out;
   }
@@ -44,7 +43,7 @@ struct Harness {
 }  // namespace
 
 TEST(Engine, BadRunsFailAloneAndOthersAreUnaffected) {
-  const CacheCapacity cap = CacheCapacity::for_workload(3, 700, 700);
+  const CacheWorkload cap{3, 700, 700};
   Harness solo(cap), mixed(cap);
   std::vector<RunError> errors;
   solo.engine->open_request(1);
@@ -88,7 +87,7 @@ TEST(Engine, RecycledPagesLeakNothingFromAnEarlierRequest) {
   // SPEC §9: a prompt shorter than one block must not see stale compressor
   // state. Request 2 runs on pages request 1 filled and gave back, and must
   // produce what it produces on a fresh engine.
-  const CacheCapacity cap = CacheCapacity::for_workload(1, 600, 600);
+  const CacheWorkload cap{1, 600, 600};
   Harness fresh(cap), reused(cap);
   std::vector<RunError> errors;
   reused.engine->open_request(1);

@@ -89,7 +89,7 @@ struct MiniStack {
     EngineOptions eo;
     eo.profile = Profile::kExact;
     eo.indexer_key_tile = key_tile;
-    eo.capacity = CacheCapacity::for_workload(2, total, 1024);
+    eo.workload = CacheWorkload{2, total, 1024};
     engine = Engine::from_seed(c, 7, eo);
     x = randn(size_t(total) * c.hidden_size, 8);
     engine->open_request(0);
@@ -99,10 +99,11 @@ struct MiniStack {
     std::vector<RunError> errors;
     const StepMetadata s = engine->plan({{0, length, len}}, errors);
     ASSERT_TRUE(errors.empty());
-    std::vector<float> y(size_t(len) * c.hidden_size);
     last.assign(size_t(c.num_layers), {});
-    for (int l = 0; l < c.num_layers; ++l)
-      engine->forward_layer(l, s, x.data() + size_t(length) * c.hidden_size, y.data(), &last[size_t(l)]);
+    const std::span<const float> in(x.data() + size_t(length) * c.hidden_size, size_t(len) * c.hidden_size);
+    engine->forward_layers(s, in, true, [&](int l, std::span<const float>, const LayerCapture* cap) {
+      last[size_t(l)] = *cap;
+    });
     engine->commit(s);
     length += len;
   }

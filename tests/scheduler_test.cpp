@@ -60,7 +60,7 @@ WorkloadReport run_mini(int budget, uint64_t seed = 5) {
   const ModelConfig c = preset_config("mini");
   EngineOptions eo;
   eo.profile = Profile::kExact;
-  eo.capacity = CacheCapacity::for_workload(4, 400, budget);
+  eo.workload = CacheWorkload{4, 400, budget};
   auto engine = Engine::from_seed(c, 1, eo);
   Scheduler sched(SchedulerOptions{budget, 4});
   std::vector<WorkloadRequest> reqs = {{0, 300, 4}, {1, 131, 6}, {2, 3, 9}, {3, 260, 2}};

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "attn/sparse_attention.h"
+#include "attn/cpu/sparse_attention_cpu.h"
 #include "cache/fp8_ds_mla.h"
 #include "numerics/bf16.h"
 #include "support/attention_reference.h"

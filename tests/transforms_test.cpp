@@ -47,7 +47,9 @@ TEST(Hadamard, IsOrthonormalAndAnInvolution) {
   EXPECT_NEAR(dot0, dot1, 1e-4);
   hadamard_rotate(a.data(), 128);
   for (int i = 0; i < 128; ++i) EXPECT_NEAR(a[i], a0[i], 1e-5);
-  EXPECT_THROW(hadamard_rotate(a.data(), 96), std::runtime_error);
+  // No such transform of 96 values: NaN says so (it never throws: OpenMP regions call it).
+  hadamard_rotate(a.data(), 96);
+  for (int i = 0; i < 96; ++i) EXPECT_TRUE(std::isnan(a[size_t(i)]));
 }
 
 TEST(Rope, YarnRampBoundsAndFrequencies) {

@@ -1,7 +1,7 @@
 #pragma once
 // Sparse MLA attention with a per-head sink (SPEC §4.6, numerics SPEC §5),
 // reading fp8_ds_mla pages (SPEC §6) directly. One interface, two backends:
-// sparse_attention_cpu (here) and the CUDA kernels in attn/cuda/.
+// sparse_attention_cpu (attn/cpu/) and the CUDA kernels (attn/cuda/).
 //
 // For query token t and head h the attended set is the SWA entries
 // swa.indices[t][0 .. swa.lengths[t]) plus the extra (compressed) entries
@@ -42,13 +42,9 @@ struct SparseAttentionParams {
   float* lse = nullptr;              // [num_tokens, num_heads]; may be null
 };
 
-// Reference implementation on the CPU with the production numerics of SPEC §5:
-// q.k with bf16 operands and fp32 accumulation, scale applied after; exp in
-// fp32; probabilities rounded to bf16 before P.V while the denominator sums
-// the fp32 values; output rounded to bf16. All pointers are host pointers.
-void sparse_attention_cpu(const SparseAttentionParams& p);
-
 // Validates shapes and pointers of a call; throws Error naming the problem.
-void check_sparse_attention_params(const SparseAttentionParams& p);
+// `need_q_out`: q and out are required (the exact-profile CPU variant passes
+// float arrays of its own instead).
+void check_sparse_attention_params(const SparseAttentionParams& p, bool need_q_out = true);
 
 }  // namespace dsv4

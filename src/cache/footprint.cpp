@@ -1,12 +1,13 @@
 #include "cache/footprint.h"
 
+#include "cache/cache_spec.h"
 #include "cache/fp8_ds_mla.h"
 
 namespace dsv4 {
 
 namespace {
 constexpr double kTokensPerCompressedPage = 256;  // main and indexer caches: one page per 256 raw tokens
-constexpr int kWindow = 128;
+
 }  // namespace
 
 CacheFootprint layer_footprint(LayerType t, IndexKeyFormat keys) {

@@ -12,7 +12,7 @@
 #include "cache/footprint.h"
 #include "cli/commands.h"
 #include "common/error.h"
-#include "model/config.h"
+#include "model/config_json.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -36,7 +36,7 @@ std::optional<ModelConfig> golden_case_config(const fs::path& file) {
   const fs::path json = file.parent_path() / (name.substr(0, name.size() - suffix.size()) + ".json");
   if (!fs::exists(json)) return std::nullopt;
   const nlohmann::json j = read_json_file(json);
-  require(j.contains("config"), json.string() + ": missing field 'config'");
+  DSV4_REQUIRE(j.contains("config"), json.string() + ": missing field 'config'");
   return config_from_json(j.at("config"), json.string());
 }
 
@@ -133,13 +133,13 @@ void run_inspect(const std::string& path_arg) {
     return;
   }
   const fs::path path(path_arg);
-  require(fs::exists(path), "no such file or directory: '" + path_arg + "'");
+  DSV4_REQUIRE(fs::exists(path), "no such file or directory: '" + path_arg + "'");
   if (path.extension() != ".json") {
-    require(fs::is_directory(path) || path.extension() == ".safetensors",
+    DSV4_REQUIRE(fs::is_directory(path) || path.extension() == ".safetensors",
             "'" + path_arg + "' is neither a checkpoint directory, a .safetensors file nor a config.json");
   }
   const std::optional<ModelConfig> config = config_for(path);
-  require(config.has_value(), "no config found for '" + path_arg +
+  DSV4_REQUIRE(config.has_value(), "no config found for '" + path_arg +
                                   "' (expected config.json beside the checkpoint, or a golden case's <case>.json)");
   std::printf("config: %s\n", config->name.c_str());
   print_schedule(*config);

@@ -30,7 +30,7 @@ ModelConfig pick_config(const RunArgs& a) {
   if (!a.checkpoint.empty()) {
     const std::filesystem::path p(a.checkpoint);
     const auto dir = std::filesystem::is_directory(p) ? p : p.parent_path();
-    require(std::filesystem::exists(dir / "config.json"),
+    DSV4_REQUIRE(std::filesystem::exists(dir / "config.json"),
             "no config.json in '" + dir.string() + "': pass --config FILE with the checkpoint");
     return load_config(dir / "config.json");
   }
@@ -122,11 +122,11 @@ void print_report(const WorkloadReport& r, const ModelConfig& c) {
 
 void run_main(const RunArgs& a) {
   const ModelConfig c = pick_config(a);
-  require(a.requests > 0 && a.prompt > 0 && a.gen >= 0, "--requests and --prompt must be positive, --gen >= 0");
+  DSV4_REQUIRE(a.requests > 0 && a.prompt > 0 && a.gen >= 0, "--requests and --prompt must be positive, --gen >= 0");
   EngineOptions eo;
   eo.profile = parse_profile(a.profile);
   eo.index_keys = parse_index_key_format(a.index_keys);
-  eo.capacity = CacheCapacity::for_workload(a.max_running, int64_t(a.prompt) + a.gen, a.budget);
+  eo.workload = CacheWorkload{a.max_running, int64_t(a.prompt) + a.gen, a.budget};
   eo.cache_weights = dense_weight_bytes(c) <= a.weight_cache_gib * 1024 * 1024 * 1024;
   std::printf("dsv4 run: %s, %d layers (swaonly %d, c4a %d, c128a %d), hidden %d, %d heads, %s numerics\n",
               c.name.c_str(), c.num_layers, c.count_layers(LayerType::kSwaOnly), c.count_layers(LayerType::kC4A),
@@ -155,7 +155,7 @@ void run_main(const RunArgs& a) {
       std::cout << text;
     } else {
       std::ofstream out(a.json);
-      require(bool(out << text), "cannot write '" + a.json + "'");
+      DSV4_REQUIRE(bool(out << text), "cannot write '" + a.json + "'");
     }
   }
 }

@@ -10,9 +10,11 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Throws Error(message) when cond is false.
-inline void require(bool cond, const std::string& message) {
-  if (!cond) throw Error(message);
-}
-
 }  // namespace dsv4
+
+// Throws dsv4::Error(message) when cond is false. A macro so that the message
+// (often built from numbers) is only built on failure: checks sit on hot paths.
+#define DSV4_REQUIRE(cond, message)                   \
+  do {                                                \
+    if (!(cond)) throw ::dsv4::Error(message);        \
+  } while (false)

@@ -1,4 +1,4 @@
-#include "model/config.h"
+#include "model/config_json.h"
 
 #include <fstream>
 
@@ -46,7 +46,7 @@ RopeParams ModelConfig::rope_params(LayerType t) const {
 
 void ModelConfig::validate() const {
   auto positive = [&](int v, const char* field) {
-    require(v > 0, name + ": " + field + " must be positive (got " + std::to_string(v) + ")");
+    DSV4_REQUIRE(v > 0, name + ": " + field + " must be positive (got " + std::to_string(v) + ")");
   };
   positive(hidden_size, "hidden_size");
   positive(num_layers, "num_hidden_layers");
@@ -56,25 +56,25 @@ void ModelConfig::validate() const {
   positive(o_lora_rank, "o_lora_rank");
   positive(index_n_heads, "index_n_heads");
   positive(index_topk, "index_topk");
-  require(head_dim == 512, name + ": head_dim must be 512 (got " + std::to_string(head_dim) + ")");
-  require(rope_dim == 64, name + ": qk_rope_head_dim must be 64 (got " + std::to_string(rope_dim) + ")");
-  require(index_head_dim == 128,
+  DSV4_REQUIRE(head_dim == 512, name + ": head_dim must be 512 (got " + std::to_string(head_dim) + ")");
+  DSV4_REQUIRE(rope_dim == 64, name + ": qk_rope_head_dim must be 64 (got " + std::to_string(rope_dim) + ")");
+  DSV4_REQUIRE(index_head_dim == 128,
           name + ": index_head_dim must be 128 (got " + std::to_string(index_head_dim) + ")");
-  require(sliding_window == 128,
+  DSV4_REQUIRE(sliding_window == 128,
           name + ": sliding_window must be 128 (got " + std::to_string(sliding_window) + ")");
-  require(num_heads % o_groups == 0, name + ": num_attention_heads (" + std::to_string(num_heads) +
+  DSV4_REQUIRE(num_heads % o_groups == 0, name + ": num_attention_heads (" + std::to_string(num_heads) +
                                          ") is not divisible by o_groups (" + std::to_string(o_groups) + ")");
   // FP8 activations are quantized in 128-wide blocks along every GEMM input.
-  require(hidden_size % 128 == 0, name + ": hidden_size must be a multiple of 128");
-  require(q_lora_rank % 128 == 0, name + ": q_lora_rank must be a multiple of 128");
-  require(o_lora_rank % 128 == 0 || (o_groups * o_lora_rank) % 128 == 0,
+  DSV4_REQUIRE(hidden_size % 128 == 0, name + ": hidden_size must be a multiple of 128");
+  DSV4_REQUIRE(q_lora_rank % 128 == 0, name + ": q_lora_rank must be a multiple of 128");
+  DSV4_REQUIRE(o_lora_rank % 128 == 0 || (o_groups * o_lora_rank) % 128 == 0,
           name + ": o_groups * o_lora_rank must be a multiple of 128");
-  require(rms_norm_eps > 0, name + ": rms_norm_eps must be positive");
-  require(max_position_embeddings > 0, name + ": max_position_embeddings must be positive");
-  require(rope_theta > 1 && compress_rope_theta > 1, name + ": rope_theta and compress_rope_theta must be > 1");
-  require(yarn.factor >= 1 && yarn.original_max_position > 0,
+  DSV4_REQUIRE(rms_norm_eps > 0, name + ": rms_norm_eps must be positive");
+  DSV4_REQUIRE(max_position_embeddings > 0, name + ": max_position_embeddings must be positive");
+  DSV4_REQUIRE(rope_theta > 1 && compress_rope_theta > 1, name + ": rope_theta and compress_rope_theta must be > 1");
+  DSV4_REQUIRE(yarn.factor >= 1 && yarn.original_max_position > 0,
           name + ": rope_scaling needs factor >= 1 and original_max_position_embeddings > 0");
-  require(int(compress_ratios.size()) == num_layers,
+  DSV4_REQUIRE(int(compress_ratios.size()) == num_layers,
           name + ": compress_ratios has " + std::to_string(compress_ratios.size()) + " entries for " +
               std::to_string(num_layers) + " layers");
   for (size_t i = 0; i < compress_ratios.size(); ++i) {
@@ -138,7 +138,7 @@ namespace {
 template <typename T>
 T get_field(const nlohmann::json& j, const char* field, const std::string& origin) {
   auto it = j.find(field);
-  require(it != j.end() && !it->is_null(), origin + ": missing field '" + field + "'");
+  DSV4_REQUIRE(it != j.end() && !it->is_null(), origin + ": missing field '" + field + "'");
   try {
     return it->get<T>();
   } catch (const nlohmann::json::exception&) {
@@ -172,7 +172,7 @@ std::vector<int> ratios_from_layer_types(const nlohmann::json& j, const std::str
 }  // namespace
 
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin) {
-  require(j.is_object(), origin + ": expected a JSON object");
+  DSV4_REQUIRE(j.is_object(), origin + ": expected a JSON object");
   ModelConfig c;
   c.name = origin;
   c.hidden_size = get_field<int>(j, "hidden_size", origin);
@@ -192,14 +192,14 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
   c.rms_norm_eps = get_field_or<double>(j, "rms_norm_eps", 1e-6, origin);
   c.max_position_embeddings = get_field<int64_t>(j, "max_position_embeddings", origin);
   const int kv_heads = get_field_or<int>(j, "num_key_value_heads", 1, origin);
-  require(kv_heads == 1, origin + ": num_key_value_heads must be 1 (one shared KV head), got " +
+  DSV4_REQUIRE(kv_heads == 1, origin + ": num_key_value_heads must be 1 (one shared KV head), got " +
                              std::to_string(kv_heads));
 
   const auto rs = get_field<nlohmann::json>(j, "rope_scaling", origin);
   const std::string rs_origin = origin + ": rope_scaling";
   const auto type = get_field_or<std::string>(rs, "type", get_field_or<std::string>(rs, "rope_type", "yarn", rs_origin),
                                               rs_origin);
-  require(type == "yarn", rs_origin + ": type must be 'yarn' (got '" + type + "')");
+  DSV4_REQUIRE(type == "yarn", rs_origin + ": type must be 'yarn' (got '" + type + "')");
   c.yarn.factor = get_field<double>(rs, "factor", rs_origin);
   c.yarn.original_max_position = get_field<int64_t>(rs, "original_max_position_embeddings", rs_origin);
   c.yarn.beta_fast = get_field_or<double>(rs, "beta_fast", 32, rs_origin);
@@ -210,7 +210,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
   else if (j.contains("layer_types")) ratios = ratios_from_layer_types(j, origin);
   else throw Error(origin + ": missing field 'compress_ratios' (or 'layer_types')");
   // Flash/Pro list one more entry than there are layers: the MTP block's.
-  require(int(ratios.size()) >= c.num_layers,
+  DSV4_REQUIRE(int(ratios.size()) >= c.num_layers,
           origin + ": compress_ratios has " + std::to_string(ratios.size()) + " entries for " +
               std::to_string(c.num_layers) + " layers");
   ratios.resize(size_t(c.num_layers));
@@ -220,9 +220,9 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
     const auto q = j.at("quantization_config");
     const std::string q_origin = origin + ": quantization_config";
     const auto method = get_field_or<std::string>(q, "quant_method", "fp8", q_origin);
-    require(method == "fp8", q_origin + ": quant_method must be 'fp8' (got '" + method + "')");
+    DSV4_REQUIRE(method == "fp8", q_origin + ": quant_method must be 'fp8' (got '" + method + "')");
     const auto block = get_field_or<std::vector<int>>(q, "weight_block_size", {128, 128}, q_origin);
-    require(block == std::vector<int>({128, 128}), q_origin + ": weight_block_size must be [128, 128]");
+    DSV4_REQUIRE(block == std::vector<int>({128, 128}), q_origin + ": weight_block_size must be [128, 128]");
     c.fp8_weights = true;
   }
   c.validate();
@@ -231,7 +231,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin)
 
 nlohmann::json read_json_file(const std::filesystem::path& path) {
   std::ifstream in(path);
-  require(bool(in), "cannot open '" + path.string() + "'");
+  DSV4_REQUIRE(bool(in), "cannot open '" + path.string() + "'");
   try {
     return nlohmann::json::parse(in);
   } catch (const nlohmann::json::parse_error& e) {

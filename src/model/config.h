@@ -7,8 +7,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "numerics/rope.h"
 
 namespace dsv4 {
@@ -57,12 +55,8 @@ struct ModelConfig {
 // (Flash's layer mix scaled down for CPU runs).
 ModelConfig preset_config(std::string_view name);
 
-// Parses a config.json object (either spelling of the layer schedule, SPEC §2)
-// and validates it. `origin` names the source in error messages.
-ModelConfig config_from_json(const nlohmann::json& j, const std::string& origin);
+// Reads and validates a config.json (either spelling of the layer schedule,
+// SPEC §2); the JSON-level entry points are in model/config_json.h.
 ModelConfig load_config(const std::filesystem::path& path);
-
-// Reads and parses a JSON file; throws Error naming the file when it cannot.
-nlohmann::json read_json_file(const std::filesystem::path& path);
 
 }  // namespace dsv4

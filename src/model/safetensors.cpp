@@ -96,15 +96,15 @@ json parse_header_json(std::string_view text, const std::string& origin) {
   }
   if (!duplicate.empty() && top_level_duplicate)
     throw Error(origin + ": tensor '" + shown(duplicate) + "' appears twice in the header");
-  require(duplicate.empty(), origin + ": key '" + shown(duplicate) + "' appears twice in one header object");
+  DSV4_REQUIRE(duplicate.empty(), origin + ": key '" + shown(duplicate) + "' appears twice in one header object");
   return header;
 }
 
 std::map<std::string, std::string> parse_metadata(const json& j, const std::string& origin) {
-  require(j.is_object(), origin + ": __metadata__ is not an object (got " + j.type_name() + ")");
+  DSV4_REQUIRE(j.is_object(), origin + ": __metadata__ is not an object (got " + j.type_name() + ")");
   std::map<std::string, std::string> out;
   for (const auto& [key, value] : j.items()) {
-    require(value.is_string(),
+    DSV4_REQUIRE(value.is_string(),
             origin + ": __metadata__ entry '" + shown(key) + "' is not a string (got " + value.type_name() + ")");
     out.emplace(key, value.get<std::string>());
   }
@@ -179,7 +179,7 @@ void check_overlaps(const std::vector<TensorView>& tensors, const uint8_t* data,
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < ranges.size(); ++i) {
     const Range &a = ranges[i - 1], &b = ranges[i];
-    require(a.end <= b.begin, origin + ": tensors '" + shown(*a.name) + "' [" + std::to_string(a.begin) + ", " +
+    DSV4_REQUIRE(a.end <= b.begin, origin + ": tensors '" + shown(*a.name) + "' [" + std::to_string(a.begin) + ", " +
                                   std::to_string(a.end) + ") and '" + shown(*b.name) + "' [" + std::to_string(b.begin) +
                                   ", " + std::to_string(b.end) + ") overlap");
   }
@@ -187,7 +187,7 @@ void check_overlaps(const std::vector<TensorView>& tensors, const uint8_t* data,
 
 std::string read_text_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
-  require(bool(in), path.string() + ": cannot open: " + std::strerror(errno));
+  DSV4_REQUIRE(bool(in), path.string() + ": cannot open: " + std::strerror(errno));
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
@@ -200,21 +200,21 @@ std::map<std::string, std::string> read_weight_map(const fs::path& index) {
   } catch (const json::exception& e) {
     throw Error(origin + ": not valid JSON: " + e.what());
   }
-  require(j.is_object() && j.contains("weight_map") && j.at("weight_map").is_object(),
+  DSV4_REQUIRE(j.is_object() && j.contains("weight_map") && j.at("weight_map").is_object(),
           origin + ": expected an object with a 'weight_map' object");
   std::map<std::string, std::string> map;
   for (const auto& [tensor, file] : j.at("weight_map").items()) {
-    require(file.is_string(), origin + ": weight_map entry '" + shown(tensor) + "' is not a file name");
+    DSV4_REQUIRE(file.is_string(), origin + ": weight_map entry '" + shown(tensor) + "' is not a file name");
     const std::string f = file.get<std::string>();
     // Shards live next to the index; refuse paths that would leave the directory.
     const fs::path p(f);
-    require(
+    DSV4_REQUIRE(
         !f.empty() && p.is_relative() && std::none_of(p.begin(), p.end(), [](const fs::path& c) { return c == ".."; }),
         origin + ": weight_map entry '" + shown(tensor) + "' names '" + shown(f) +
             "', which is not a file in the checkpoint directory");
     map.emplace(tensor, f);
   }
-  require(!map.empty(), origin + ": weight_map is empty");
+  DSV4_REQUIRE(!map.empty(), origin + ": weight_map is empty");
   return map;
 }
 
@@ -245,7 +245,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const fs::path& path) {
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->origin_ = path.string();
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  require(fd >= 0, file->origin_ + ": cannot open: " + std::strerror(errno));
+  DSV4_REQUIRE(fd >= 0, file->origin_ + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -256,7 +256,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const fs::path& path) {
     void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     const int err = errno;
     ::close(fd);
-    require(map != MAP_FAILED, file->origin_ + ": mmap failed: " + std::strerror(err));
+    DSV4_REQUIRE(map != MAP_FAILED, file->origin_ + ": mmap failed: " + std::strerror(err));
     file->map_ = map;
     file->map_size_ = size;
   } else {
@@ -284,17 +284,17 @@ const TensorView* SafetensorsFile::find(std::string_view name) const {
 
 void SafetensorsFile::parse_header(std::span<const uint8_t> buffer) {
   const std::string& o = origin_;
-  require(buffer.size() >= 8,
+  DSV4_REQUIRE(buffer.size() >= 8,
           o + ": file is " + std::to_string(buffer.size()) + " bytes, shorter than the 8-byte header length");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(buffer[size_t(i)]) << (8 * i);
-  require(n <= buffer.size() - 8, o + ": header length " + std::to_string(n) + " exceeds the " +
+  DSV4_REQUIRE(n <= buffer.size() - 8, o + ": header length " + std::to_string(n) + " exceeds the " +
                                       std::to_string(buffer.size() - 8) + " bytes that follow it");
-  require(n <= kMaxHeaderBytes, o + ": header length " + std::to_string(n) + " exceeds the " +
+  DSV4_REQUIRE(n <= kMaxHeaderBytes, o + ": header length " + std::to_string(n) + " exceeds the " +
                                     std::to_string(kMaxHeaderBytes) + "-byte limit");
   const std::string_view text(reinterpret_cast<const char*>(buffer.data() + 8), size_t(n));
   const json header = parse_header_json(text, o);
-  require(header.is_object(), o + ": header is not a JSON object (got " + header.type_name() + ")");
+  DSV4_REQUIRE(header.is_object(), o + ": header is not a JSON object (got " + header.type_name() + ")");
 
   const auto data = buffer.subspan(8 + size_t(n));
   for (const auto& [key, value] : header.items()) {
@@ -319,13 +319,13 @@ std::vector<std::unique_ptr<SafetensorsFile>> open_indexed(const fs::path& dir, 
   for (const auto& [tensor, shard] : weight_map) {
     if (shards.count(shard)) continue;
     const fs::path p = dir / shard;
-    require(fs::is_regular_file(p), index.string() + ": shard '" + shown(shard) + "' (holding '" + shown(tensor) +
+    DSV4_REQUIRE(fs::is_regular_file(p), index.string() + ": shard '" + shown(shard) + "' (holding '" + shown(tensor) +
                                         "') does not exist at " + p.string());
     files.push_back(SafetensorsFile::open(p));
     shards.emplace(shard, files.back().get());
   }
   for (const auto& [tensor, shard] : weight_map)
-    require(shards.at(shard)->find(tensor) != nullptr, index.string() + ": tensor '" + shown(tensor) +
+    DSV4_REQUIRE(shards.at(shard)->find(tensor) != nullptr, index.string() + ": tensor '" + shown(tensor) +
                                                            "' is mapped to '" + shown(shard) +
                                                            "', which does not hold it");
   return files;
@@ -336,7 +336,7 @@ std::vector<std::unique_ptr<SafetensorsFile>> open_directory(const fs::path& dir
   std::vector<fs::path> paths;
   for (const auto& entry : fs::directory_iterator(dir))
     if (entry.is_regular_file() && entry.path().extension() == ".safetensors") paths.push_back(entry.path());
-  require(!paths.empty(), dir.string() + ": no .safetensors files and no model.safetensors.index.json");
+  DSV4_REQUIRE(!paths.empty(), dir.string() + ": no .safetensors files and no model.safetensors.index.json");
   std::sort(paths.begin(), paths.end());
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   for (const auto& p : paths) files.push_back(SafetensorsFile::open(p));
@@ -350,7 +350,7 @@ Checkpoint Checkpoint::open(const fs::path& path) {
   c.path_ = path;
   std::error_code ec;
   const auto status = fs::status(path, ec);
-  require(fs::exists(status), path.string() + ": no such file or directory");
+  DSV4_REQUIRE(fs::exists(status), path.string() + ": no such file or directory");
   try {
     if (fs::is_directory(status)) {
       const fs::path index = path / "model.safetensors.index.json";
@@ -366,7 +366,7 @@ Checkpoint Checkpoint::open(const fs::path& path) {
   for (const auto& f : c.files_)
     for (const auto& t : f->tensors()) {
       const auto [it, fresh] = c.by_name_.emplace(t.name, &t);
-      require(fresh, path.string() + ": tensor '" + shown(t.name) + "' appears in both " + it->second->file + " and " +
+      DSV4_REQUIRE(fresh, path.string() + ": tensor '" + shown(t.name) + "' appears in both " + it->second->file + " and " +
                          t.file);
     }
   return c;
@@ -392,9 +392,9 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<TensorData>& tensor
   uint64_t offset = 0;
   for (const auto& t : tensors) {
     const std::string where = "serialize_safetensors: tensor '" + shown(t.name) + "': ";
-    require(t.name != "__metadata__" && !header.contains(t.name), where + "name is reserved or repeated");
+    DSV4_REQUIRE(t.name != "__metadata__" && !header.contains(t.name), where + "name is reserved or repeated");
     const auto bytes = byte_count(t.shape, dtype_size(t.dtype));
-    require(bytes && *bytes == t.bytes.size(), where + "shape " + shape_string(t.shape) + " x " +
+    DSV4_REQUIRE(bytes && *bytes == t.bytes.size(), where + "shape " + shape_string(t.shape) + " x " +
                                                    std::string(dtype_name(t.dtype)) + " does not match " +
                                                    std::to_string(t.bytes.size()) + " bytes");
     header[t.name] = {
@@ -419,7 +419,7 @@ void write_safetensors(const fs::path& path, const std::vector<TensorData>& tens
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
   out.close();
-  require(bool(out), path.string() + ": cannot write");
+  DSV4_REQUIRE(bool(out), path.string() + ": cannot write");
 }
 
 }  // namespace dsv4

@@ -88,24 +88,24 @@ std::vector<float> to_floats(const TensorView& t) {
 const TensorView& checked(const Checkpoint& ckpt, const std::string& name, const std::vector<int64_t>& shape,
                           const std::vector<DType>& dtypes) {
   const TensorView* t = ckpt.find(name);
-  require(t != nullptr, ckpt.path().string() + ": missing tensor '" + name + "'");
+  DSV4_REQUIRE(t != nullptr, ckpt.path().string() + ": missing tensor '" + name + "'");
   const std::string where = t->file + ": tensor '" + name + "'";
-  require(std::find(dtypes.begin(), dtypes.end(), t->dtype) != dtypes.end(),
+  DSV4_REQUIRE(std::find(dtypes.begin(), dtypes.end(), t->dtype) != dtypes.end(),
           where + " has dtype " + std::string(dtype_name(t->dtype)) + "; expected one of " + dtype_list(dtypes));
-  require(t->shape == shape, where + " has shape " + shape_string(t->shape) + "; expected " + shape_string(shape));
+  DSV4_REQUIRE(t->shape == shape, where + " has shape " + shape_string(t->shape) + "; expected " + shape_string(shape));
   return *t;
 }
 
 // The block scales of an FP8 weight, as floats; each must be a finite positive power scale.
 std::vector<float> load_scales(const Checkpoint& ckpt, const TensorView& weight, int64_t rows, int64_t cols) {
   const std::string sname = scale_name(weight.name);
-  require(ckpt.find(sname) != nullptr,
+  DSV4_REQUIRE(ckpt.find(sname) != nullptr,
           weight.file + ": tensor '" + weight.name + "' is F8_E4M3 but its scale '" + sname + "' is missing");
   const std::vector<int64_t> shape = {(rows + kBlock - 1) / kBlock, (cols + kBlock - 1) / kBlock};
   const TensorView& s = checked(ckpt, sname, shape, {DType::kF8E8M0, DType::kF32});
   std::vector<float> scales = to_floats(s);
   for (size_t i = 0; i < scales.size(); ++i)
-    require(std::isfinite(scales[i]) && scales[i] > 0, s.file + ": tensor '" + sname + "' holds " +
+    DSV4_REQUIRE(std::isfinite(scales[i]) && scales[i] > 0, s.file + ": tensor '" + sname + "' holds " +
                                                            std::to_string(scales[i]) + " at block " +
                                                            std::to_string(i) + "; scales must be finite and positive");
   return scales;
@@ -134,7 +134,7 @@ class CheckpointSource : public TensorSource {
       m.block_scales = load_scales(ckpt_, t, m.rows, m.cols);
     } else {
       // A scale next to an unscaled weight means the file is not what we think it is.
-      require(ckpt_.find(scale_name(spec.name)) == nullptr,
+      DSV4_REQUIRE(ckpt_.find(scale_name(spec.name)) == nullptr,
               t.file + ": tensor '" + scale_name(spec.name) + "' is present but '" + spec.name + "' is " +
                   std::string(dtype_name(t.dtype)) + "; only F8_E4M3 weights take block scales");
     }
@@ -388,7 +388,7 @@ std::string scale_name(std::string_view weight_name) {
 }
 
 std::vector<TensorSpec> attention_tensor_specs(const ModelConfig& config, int layer) {
-  require(layer >= 0 && layer < int(config.compress_ratios.size()),
+  DSV4_REQUIRE(layer >= 0 && layer < int(config.compress_ratios.size()),
           config.name + ": layer " + std::to_string(layer) + " does not exist (" +
               std::to_string(config.compress_ratios.size()) + " layers)");
   const std::string p = layer_prefix(layer);
@@ -453,9 +453,9 @@ float WeightMatrix::at(int64_t r, int64_t c) const {
 }
 
 void WeightMatrix::dequantize_rows(int64_t r0, int64_t n, float* out) const {
-  require(dtype == DType::kF8E4M3 || dtype == DType::kBF16 || dtype == DType::kF32,
+  DSV4_REQUIRE(dtype == DType::kF8E4M3 || dtype == DType::kBF16 || dtype == DType::kF32,
           name + ": matrices are F8_E4M3, BF16 or F32, not " + std::string(dtype_name(dtype)));
-  require(r0 >= 0 && n >= 0 && r0 + n <= rows, name + ": rows out of range");
+  DSV4_REQUIRE(r0 >= 0 && n >= 0 && r0 + n <= rows, name + ": rows out of range");
   // One loop per dtype (no per-element switch), so the row loops vectorize.
 #pragma omp parallel for schedule(static) if (n * cols > (1 << 16))
   for (int64_t r = r0; r < r0 + n; ++r) {
@@ -479,7 +479,7 @@ std::vector<float> WeightMatrix::dequantize() const {
 }
 
 WeightMatrix quantize_fp8_matrix(std::string name, std::span<const float> values, int64_t rows, int64_t cols) {
-  require(rows >= 0 && cols >= 0 && values.size() == size_t(rows * cols), name + ": " + std::to_string(values.size()) +
+  DSV4_REQUIRE(rows >= 0 && cols >= 0 && values.size() == size_t(rows * cols), name + ": " + std::to_string(values.size()) +
                                                                               " values for a [" + std::to_string(rows) +
                                                                               ", " + std::to_string(cols) + "] matrix");
   WeightMatrix m = fp8_shell(std::move(name), rows, cols);

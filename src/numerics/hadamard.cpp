@@ -1,13 +1,18 @@
 #include "numerics/hadamard.h"
 
 #include <cmath>
+#include <limits>
 
-#include "common/error.h"
 
 namespace dsv4 {
 
 void hadamard_rotate(float* x, int n) {
-  require(n > 0 && (n & (n - 1)) == 0, "hadamard_rotate: length must be a power of two");
+  // Never throws (callers run it inside OpenMP regions): a length that is not
+  // a power of two has no such transform, and the result says so with NaN.
+  if (n <= 0 || (n & (n - 1)) != 0) {
+    for (int i = 0; i < n; ++i) x[i] = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
   // Butterflies: pairs (i, i + h) inside blocks of 2h, h = 1, 2, 4, ...
   for (int h = 1; h < n; h *= 2) {
     for (int base = 0; base < n; base += 2 * h) {

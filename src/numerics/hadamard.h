@@ -6,7 +6,7 @@
 
 namespace dsv4 {
 
-// In place on n floats; n must be a power of two.
+// In place on n floats; n must be a power of two (else x becomes NaN).
 void hadamard_rotate(float* x, int n);
 
 }  // namespace dsv4

@@ -1,9 +1,8 @@
 #include "numerics/quant.h"
 
+#include <algorithm>
 #include <cmath>
-#include <string>
 
-#include "common/error.h"
 #include "numerics/e2m1.h"
 #include "numerics/e4m3.h"
 #include "numerics/ue8m0.h"
@@ -48,25 +47,25 @@ namespace {
 
 // Quantize-dequantize block by block with one element format's codec.
 template <typename Exponent, typename Round>
-void fake_quant(float* x, size_t n, int block, float qmax, Exponent exponent, Round round, const char* what) {
-  require(block > 0 && n % size_t(block) == 0, std::string(what) + ": length not a multiple of the block");
+void fake_quant(float* x, size_t n, int block, float qmax, Exponent exponent, Round round) {
+  // A last block shorter than `block` is a block of its own. Never throws:
+  // callers run it inside OpenMP regions.
   for (size_t b = 0; b < n; b += size_t(block)) {
-    const int e = exponent(x + b, block);
+    const int len = int(std::min(size_t(block), n - b));
+    const int e = exponent(x + b, len);
     const float inv = exp2_int(-e), s = exp2_int(e);
-    for (int i = 0; i < block; ++i) x[b + i] = round(scaled(x[b + i], inv, qmax)) * s;
+    for (int i = 0; i < len; ++i) x[b + i] = round(scaled(x[b + i], inv, qmax)) * s;
   }
 }
 
 }  // namespace
 
 void fake_quant_e4m3(float* x, size_t n, int block) {
-  fake_quant(x, n, block, kE4m3Max, e4m3_block_exponent, [](float v) { return e4m3_to_float(float_to_e4m3(v)); },
-             "fake_quant_e4m3");
+  fake_quant(x, n, block, kE4m3Max, e4m3_block_exponent, [](float v) { return e4m3_to_float(float_to_e4m3(v)); });
 }
 
 void fake_quant_e2m1(float* x, size_t n, int block) {
-  fake_quant(x, n, block, kE2m1Max, e2m1_block_exponent, [](float v) { return e2m1_to_float(float_to_e2m1(v)); },
-             "fake_quant_e2m1");
+  fake_quant(x, n, block, kE2m1Max, e2m1_block_exponent, [](float v) { return e2m1_to_float(float_to_e2m1(v)); });
 }
 
 }  // namespace dsv4

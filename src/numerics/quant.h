@@ -49,8 +49,9 @@ int quantize_e4m3_block(const float* x, int n, uint8_t* codes);
 // Quantizes one block to e2m1 codes (one code per byte, low nibble); returns the exponent.
 int quantize_e2m1_block(const float* x, int n, uint8_t* codes);
 
-// Quantize-then-dequantize in place, block by block over n values (n % block == 0):
-// what a consumer of the quantized tensor sees.
+// Quantize-then-dequantize in place, block by block over n values (a shorter
+// last block is quantized on its own): what a consumer of the quantized tensor
+// sees.
 void fake_quant_e4m3(float* x, size_t n, int block);
 void fake_quant_e2m1(float* x, size_t n, int block);
 

@@ -1,25 +1,55 @@
 #include "runtime/engine.h"
 
+#include <chrono>
+
+#include "attn/cpu/cpu_backend.h"
 #include "common/error.h"
+#if DSV4_HAVE_CUDA_BACKEND
+#include "attn/cuda/cuda_backend.h"
+#endif
 
 namespace dsv4 {
+namespace {
+
+CacheLimits limits_for(const CacheSpec& spec, const EngineOptions& o) {
+  CacheLimits l = CacheLimits::for_workload(spec, o.workload.max_requests, o.workload.max_context,
+                                            o.workload.max_step_tokens);
+  l.max_bytes = o.cache_bytes;
+  return l;
+}
+
+std::unique_ptr<AttentionBackend> make_backend(const ModelConfig& c, const std::vector<LayerWeights>& w,
+                                               const CacheSpec& spec, const BlockManager& blocks,
+                                               const EngineOptions& o) {
+  const BackendOptions bo{o.profile, o.index_keys, o.cache_weights, o.indexer_key_tile};
+  if (o.device == Device::kCpu) return make_cpu_backend(c, w, spec, bo);
+#if DSV4_HAVE_CUDA_BACKEND
+  return make_cuda_backend(c, w, spec, blocks.limits(), bo);
+#else
+  (void)blocks;
+  throw Error("this build has no CUDA backend (configure where nvcc is found)");
+#endif
+}
+
+}  // namespace
 
 Engine::Engine(const ModelConfig& config, std::vector<LayerWeights> weights, const EngineOptions& options,
                std::shared_ptr<const Checkpoint> checkpoint)
     : config_(config), options_(options), checkpoint_(std::move(checkpoint)), weights_(std::move(weights)),
-      caches_(config, CacheOptions{options.profile == Profile::kProduction, options.index_keys, options.capacity}) {
-  require(int(weights_.size()) == config_.num_layers, "engine: " + std::to_string(weights_.size()) +
+      spec_(config_, CacheFormats{options.profile == Profile::kProduction, options.index_keys}),
+      blocks_(spec_, limits_for(spec_, options)) {
+  DSV4_REQUIRE(int(weights_.size()) == config_.num_layers, "engine: " + std::to_string(weights_.size()) +
                                                           " layers of weights for " +
                                                           std::to_string(config_.num_layers) + " layers");
   for (int l = 0; l < config_.num_layers; ++l)
-    require(weights_[size_t(l)].layer == l && weights_[size_t(l)].type == config_.layer_type(l),
+    DSV4_REQUIRE(weights_[size_t(l)].layer == l && weights_[size_t(l)].type == config_.layer_type(l),
             "engine: the weights given for layer " + std::to_string(l) + " are layer " +
                 std::to_string(weights_[size_t(l)].layer) + "'s (" +
                 std::string(layer_type_name(weights_[size_t(l)].type)) + ")");
-  const LayerOptions lopt{options.profile, options.index_keys, options.cache_weights, options.indexer_key_tile};
-  for (int l = 0; l < config_.num_layers; ++l)
-    layers_.push_back(std::make_unique<AttentionLayer>(config_, weights_[size_t(l)], caches_.layer(l), lopt));
+  backend_ = make_backend(config_, weights_, spec_, blocks_, options_);
 }
+
+Engine::~Engine() = default;
 
 std::unique_ptr<Engine> Engine::from_checkpoint(const ModelConfig& config, const std::filesystem::path& path,
                                                 const EngineOptions& options) {
@@ -36,8 +66,53 @@ std::unique_ptr<Engine> Engine::from_seed(const ModelConfig& config, uint64_t se
   return std::make_unique<Engine>(config, std::move(weights), options);
 }
 
+StepMetadata Engine::plan(const std::vector<Run>& runs, std::vector<RunError>& errors) {
+  StepMetadata s = plan_step(runs, config_, blocks_, errors);
+  for (CacheGroup g : kAllCacheGroups)
+    if (blocks_.uses(g)) backend_->ensure_pages(g, blocks_.pool(g).high_water());
+  return s;
+}
+
+void Engine::begin(const StepMetadata& s, std::span<const float> input) {
+  const size_t n = size_t(s.num_tokens()) * size_t(config_.hidden_size);
+  DSV4_REQUIRE(input.size() == n, "engine: the step's input has " + std::to_string(input.size()) + " values, not " +
+                                 std::to_string(n) + " (tokens x hidden size)");
+  backend_->plan(s);
+  backend_->set_input(input.data());
+}
+
+void Engine::forward_step(const StepMetadata& s, std::span<const float> input, std::span<float> output,
+                          std::array<double, kNumLayerTypes>* layer_seconds) {
+  DSV4_REQUIRE(output.size() == input.size(), "engine: output and input sizes differ");
+  begin(s, input);
+  if (s.num_tokens() == 0) return;
+  for (int l = 0; l < config_.num_layers; ++l) {
+    const auto t0 = std::chrono::steady_clock::now();
+    backend_->forward(l, LayerInput::kResidual);
+    if (!layer_seconds) continue;
+    backend_->synchronize();
+    (*layer_seconds)[size_t(config_.layer_type(l))] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  backend_->read_residual(output.data());
+}
+
+void Engine::forward_layers(const StepMetadata& s, std::span<const float> input, bool capture,
+                            const LayerVisitor& visit) {
+  begin(s, input);
+  std::vector<float> y(input.size());
+  for (int l = 0; l < config_.num_layers; ++l) {
+    LayerCapture cap;
+    if (s.num_tokens() > 0) {
+      backend_->forward(l, LayerInput::kSame, capture ? &cap : nullptr);
+      backend_->read_output(y.data());
+    }
+    visit(l, y, capture ? &cap : nullptr);
+  }
+}
+
 void Engine::commit(const StepMetadata& s) {
-  for (const Run& run : s.runs) caches_.commit(run.request, run.start_pos + run.len);
+  for (const Run& run : s.runs) blocks_.commit(run.request, run.start_pos + run.len);
 }
 
 }  // namespace dsv4

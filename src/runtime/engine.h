@@ -1,33 +1,53 @@
 #pragma once
-// The attention stack of a model: its layers, their caches and the request
-// book-keeping, driven one step at a time. Plan once per step (metadata for
-// every layer type), run many layers, then commit.
+// The attention stack of a model served step by step: the weights, the block
+// manager of its paged caches, and one backend (CPU or CUDA) that holds the
+// cache bytes and runs the layers. Plan once per step (validate and reserve
+// the runs, build the flat metadata), run every layer, then commit.
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
-#include "attn/layer.h"
-#include "cache/cache_manager.h"
+#include "attn/backend.h"
+#include "cache/block_manager.h"
+#include "cache/cache_spec.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
-#include "runtime/step.h"
+#include "step/step.h"
 
 namespace dsv4 {
 
+enum class Device { kCpu, kCuda };
+
+// The largest workload the caches must address: page ids are sized from it
+// (they cost nothing until used; memory follows the pages in use).
+struct CacheWorkload {
+  int64_t max_requests = 16, max_context = 8192, max_step_tokens = 2048;
+};
+
 struct EngineOptions {
+  Device device = Device::kCpu;
   Profile profile = Profile::kProduction;
   IndexKeyFormat index_keys = IndexKeyFormat::kMxfp4;
-  CacheCapacity capacity = CacheCapacity::for_workload(16, 8192, 2048);
+  CacheWorkload workload;
+  int64_t cache_bytes = INT64_MAX;  // limit of the cache pages in use
   bool cache_weights = true;
   int indexer_key_tile = 2048;
 };
+
+// Called after each layer of Engine::forward_layers with its output [T, D]
+// (host floats) and, when requested, its capture.
+using LayerVisitor = std::function<void(int layer, std::span<const float> y, const LayerCapture* capture)>;
 
 class Engine {
  public:
   // `checkpoint` (may be null) keeps mapped weight bytes alive.
   Engine(const ModelConfig& config, std::vector<LayerWeights> weights, const EngineOptions& options,
          std::shared_ptr<const Checkpoint> checkpoint = nullptr);
+  ~Engine();
 
   // Weights from a checkpoint file or directory (validated, SPEC §3).
   static std::unique_ptr<Engine> from_checkpoint(const ModelConfig& config, const std::filesystem::path& path,
@@ -35,34 +55,41 @@ class Engine {
   // Synthetic weights drawn from a seed.
   static std::unique_ptr<Engine> from_seed(const ModelConfig& config, uint64_t seed, const EngineOptions& options);
 
-  void open_request(int64_t id) { caches_.open_request(id); }
-  void close_request(int64_t id) { caches_.close_request(id); }
+  void open_request(int64_t id) { blocks_.open_request(id); }
+  void close_request(int64_t id) { blocks_.close_request(id); }
 
   // Validates the runs, reserves their pages and builds the shared metadata.
   // Rejected runs are reported in `errors` and left out of the step.
-  StepMetadata plan(const std::vector<Run>& runs, std::vector<RunError>& errors) {
-    return plan_step(runs, config_, caches_, errors);
-  }
-  // x, y: [T, D] for the step's tokens.
-  void forward_layer(int layer, const StepMetadata& s, const float* x, float* y,
-                     LayerCapture* capture = nullptr) const {
-    layers_.at(size_t(layer))->forward(s, x, y, capture);
-  }
+  StepMetadata plan(const std::vector<Run>& runs, std::vector<RunError>& errors);
+  // The stack on one step: h = input, then for every layer
+  // h <- h + attn(RMSNorm(h)); `output` gets the final h. Both [T, D].
+  // With `layer_seconds`, each layer is timed (the backend synchronised after
+  // it) and its time added to its layer type's entry.
+  void forward_step(const StepMetadata& s, std::span<const float> input, std::span<float> output,
+                    std::array<double, kNumLayerTypes>* layer_seconds = nullptr);
+  // Every layer on the same input (the golden replay's schedule, SPEC §10);
+  // `visit` sees each layer's output and, with `capture`, its intermediates.
+  void forward_layers(const StepMetadata& s, std::span<const float> input, bool capture, const LayerVisitor& visit);
   // The step's tokens are now part of their requests.
   void commit(const StepMetadata& s);
 
   const ModelConfig& config() const { return config_; }
   const EngineOptions& options() const { return options_; }
-  const CacheManager& caches() const { return caches_; }
+  const BlockManager& blocks() const { return blocks_; }
+  const CacheSpec& cache_spec() const { return spec_; }
+  AttentionBackend& backend() { return *backend_; }
   int num_layers() const { return config_.num_layers; }
 
  private:
+  void begin(const StepMetadata& s, std::span<const float> input);
+
   ModelConfig config_;
   EngineOptions options_;
   std::shared_ptr<const Checkpoint> checkpoint_;
   std::vector<LayerWeights> weights_;
-  CacheManager caches_;
-  std::vector<std::unique_ptr<AttentionLayer>> layers_;
+  CacheSpec spec_;
+  BlockManager blocks_;
+  std::unique_ptr<AttentionBackend> backend_;
 };
 
 }  // namespace dsv4

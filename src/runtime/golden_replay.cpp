@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "model/config_json.h"
 #include "model/safetensors.h"
 #include "numerics/bf16.h"
 #include "runtime/engine.h"
@@ -20,14 +21,14 @@ namespace dsv4 {
 GoldenCase load_golden_case(const std::filesystem::path& dir, const std::string& name) {
   const auto path = dir / (name + ".json");
   const nlohmann::json j = read_json_file(path);
-  require(j.contains("config") && j.contains("requests"), path.string() + ": needs 'config' and 'requests'");
+  DSV4_REQUIRE(j.contains("config") && j.contains("requests"), path.string() + ": needs 'config' and 'requests'");
   GoldenCase gc{name, dir, config_from_json(j.at("config"), path.string()), {}};
   for (const auto& req : j.at("requests")) {
     std::vector<GoldenCall> calls;
     int64_t next = 0;
     for (const auto& c : req.at("calls")) {
       GoldenCall call{c.at("start_pos").get<int64_t>(), c.at("len").get<int>()};
-      require(call.start_pos == next && call.len > 0,
+      DSV4_REQUIRE(call.start_pos == next && call.len > 0,
               path.string() + ": request " + std::to_string(gc.requests.size()) + " has a non-contiguous call");
       next += call.len;
       calls.push_back(call);
@@ -85,8 +86,11 @@ class Replayer {
       for (const auto& call : calls) widest = std::max(widest, call.len);
       step_tokens += widest;
     }
-    EngineOptions eo{opt.profile, opt.index_keys,
-                     CacheCapacity::for_workload(int(gc.requests.size()), longest, step_tokens), true};
+    EngineOptions eo;
+    eo.device = opt.device;
+    eo.profile = opt.profile;
+    eo.index_keys = opt.index_keys;
+    eo.workload = CacheWorkload{int64_t(gc.requests.size()), longest, step_tokens};
     engine_ = Engine::from_checkpoint(c, gc.dir / (gc.name + ".weights.safetensors"), eo);
     for (size_t r = 0; r < gc.requests.size(); ++r) {
       files_.push_back(
@@ -134,19 +138,16 @@ class Replayer {
       runs.push_back({r, call.start_pos + ch.offset, ch.len});
       const std::string key = "input.r" + std::to_string(r) + ".c" + std::to_string(ch.call);
       const TensorView* in = golden(r, key);
-      require(in != nullptr, "golden case " + gc_.name + ": missing tensor '" + key + "'");
+      DSV4_REQUIRE(in != nullptr, "golden case " + gc_.name + ": missing tensor '" + key + "'");
       const std::vector<float> all = to_floats(*in);
       x.insert(x.end(), all.begin() + size_t(ch.offset) * D, all.begin() + size_t(ch.offset + ch.len) * D);
     }
     std::vector<RunError> errors;
     const StepMetadata s = engine_->plan(runs, errors);
-    require(errors.empty(), "golden replay: step rejected a run: " + (errors.empty() ? "" : errors[0].message));
-    std::vector<float> y(x.size());
-    for (int l = 0; l < c.num_layers; ++l) {
-      LayerCapture cap;
-      engine_->forward_layer(l, s, x.data(), y.data(), &cap);
-      for (size_t i = 0; i < batch.size(); ++i) collect(batch[i].first, batch[i].second, l, s, int(i), y, cap);
-    }
+    DSV4_REQUIRE(errors.empty(), "golden replay: step rejected a run: " + (errors.empty() ? "" : errors[0].message));
+    engine_->forward_layers(s, x, true, [&](int l, std::span<const float> y, const LayerCapture* cap) {
+      for (size_t i = 0; i < batch.size(); ++i) collect(batch[i].first, batch[i].second, l, s, int(i), y, *cap);
+    });
     engine_->commit(s);
     ++result_.steps;
     for (const auto& [r, ch] : batch)
@@ -155,12 +156,12 @@ class Replayer {
   }
 
   // Appends one run's rows of a layer's results to its call's buffers.
-  void collect(int r, const Chunk& ch, int l, const StepMetadata& s, int run, const std::vector<float>& y,
+  void collect(int r, const Chunk& ch, int l, const StepMetadata& s, int run, std::span<const float> y,
                const LayerCapture& cap) {
     const ModelConfig& c = gc_.config;
     CallOutputs& o = pending_[tag(r, ch.call, l)];
-    const size_t t0 = size_t(s.token_begin[size_t(run)]), t1 = size_t(s.token_begin[size_t(run) + 1]);
-    auto append = [&](std::vector<float>& dst, const std::vector<float>& src, size_t width) {
+    const size_t t0 = size_t(s.token_begin(run)), t1 = size_t(s.token_begin(run + 1));
+    auto append = [&](std::vector<float>& dst, std::span<const float> src, size_t width) {
       dst.insert(dst.end(), src.begin() + t0 * width, src.begin() + t1 * width);
     };
     append(o.output, y, size_t(c.hidden_size));
@@ -194,7 +195,7 @@ class Replayer {
   void topk_metric(int r, int call, int l, const std::vector<std::vector<int32_t>>& ours) {
     const TensorView* ref = golden(r, "topk." + tag(r, call, l));
     if (!ref) return;
-    require(ref->dtype == DType::kI32 && ref->shape.size() == 2, "golden topk tensor must be I32 [S, k]");
+    DSV4_REQUIRE(ref->dtype == DType::kI32 && ref->shape.size() == 2, "golden topk tensor must be I32 [S, k]");
     const int64_t rows = ref->shape[0], k = ref->shape[1];
     int64_t total = 0, matched = 0;
     for (int64_t t = 0; t < rows; ++t) {

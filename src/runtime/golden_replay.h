@@ -11,6 +11,7 @@
 #include "attn/profile.h"
 #include "cache/index_key_format.h"
 #include "model/config.h"
+#include "runtime/engine.h"
 
 namespace dsv4 {
 
@@ -37,6 +38,7 @@ struct ReplayOptions {
   // Lockstep: each step takes the next run of every request (a batch that
   // mixes prefill and decode). Otherwise one request at a time.
   bool lockstep = true;
+  Device device = Device::kCpu;
 };
 
 // One comparison: relative L2 distance of a tensor, or top-k set overlap.

@@ -8,12 +8,12 @@
 namespace dsv4 {
 
 Scheduler::Scheduler(const SchedulerOptions& options) : opt_(options) {
-  require(options.token_budget > 0, "scheduler: token budget must be positive");
-  require(options.max_running > 0, "scheduler: max_running must be positive");
+  DSV4_REQUIRE(options.token_budget > 0, "scheduler: token budget must be positive");
+  DSV4_REQUIRE(options.max_running > 0, "scheduler: max_running must be positive");
 }
 
 void Scheduler::add(const WorkloadRequest& r) {
-  require(r.prompt_len > 0 && r.gen_len >= 0, "request " + std::to_string(r.id) + ": prompt must be non-empty");
+  DSV4_REQUIRE(r.prompt_len > 0 && r.gen_len >= 0, "request " + std::to_string(r.id) + ": prompt must be non-empty");
   waiting_.push_back(r);
 }
 

@@ -6,7 +6,7 @@
 #include <deque>
 #include <vector>
 
-#include "runtime/step.h"
+#include "step/step.h"
 
 namespace dsv4 {
 

@@ -4,8 +4,6 @@
 #include <cmath>
 #include <numbers>
 
-#include "numerics/bf16.h"
-#include "numerics/rmsnorm.h"
 
 namespace dsv4 {
 namespace {
@@ -37,7 +35,6 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
                             uint64_t seed, const std::function<void(const StepProgress&)>& progress) {
   const ModelConfig& c = engine.config();
   const int D = c.hidden_size;
-  const bool prod = engine.options().profile == Profile::kProduction;
   WorkloadReport rep;
   StepProgress prog;
   for (const auto& r : requests) {
@@ -60,30 +57,21 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
       rep.errors.push_back(e.message);
     }
     const int T = s.num_tokens();
-    std::vector<float> h(size_t(T) * D), a(size_t(T) * D), y(size_t(T) * D);
+    std::vector<float> h(size_t(T) * D);
     for (int t = 0; t < T; ++t)
-      synthetic_embedding(seed, s.runs[size_t(s.token_run[size_t(t)])].request, s.positions[size_t(t)], D,
+      synthetic_embedding(seed, s.runs[size_t(s.token_run()[size_t(t)])].request, s.positions()[size_t(t)], D,
                           h.data() + size_t(t) * D);
-    for (int l = 0; l < c.num_layers; ++l) {
-      const auto t_layer = std::chrono::steady_clock::now();
-#pragma omp parallel for
-      for (int t = 0; t < T; ++t) {
-        rms_norm(h.data() + size_t(t) * D, nullptr, D, float(c.rms_norm_eps), a.data() + size_t(t) * D);
-        if (prod) round_bf16(a.data() + size_t(t) * D, size_t(D));
-      }
-      engine.forward_layer(l, s, a.data(), y.data());
-      for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
-      rep.layer_seconds[size_t(c.layer_type(l))] += seconds_since(t_layer);
-    }
+    engine.forward_step(s, h, h, &rep.layer_seconds);
     engine.commit(s);
     // Footprint after the step's writes, before finished requests let go.
     size_t total = 0;
     std::array<size_t, kNumLayerTypes> bytes{};
-    for (int t = 0; t < kNumLayerTypes; ++t) total += bytes[size_t(t)] = engine.caches().bytes_in_use(LayerType(t));
+    for (int t = 0; t < kNumLayerTypes; ++t)
+      total += bytes[size_t(t)] = size_t(engine.blocks().bytes_in_use(LayerType(t)));
     if (total > rep.peak_cache_total) {
       rep.peak_cache_total = total, rep.peak_cache_bytes = bytes;
-      for (CacheGroup g : kAllCacheGroups) rep.peak_group_bytes[size_t(g)] = engine.caches().bytes_in_use(g);
-      rep.peak_tokens_held = engine.caches().tokens_held();
+      for (CacheGroup g : kAllCacheGroups) rep.peak_group_bytes[size_t(g)] = size_t(engine.blocks().bytes_in_use(g));
+      rep.peak_tokens_held = engine.blocks().tokens_held();
     }
     std::vector<int64_t> finished, failed;
     scheduler.complete(step, rejected, finished, failed);

@@ -29,10 +29,10 @@ class SparseAttentionCudaTest : public ::testing::Test {
 
 // Plans, runs (outputs poisoned first) and compares with the reference.
 // lse_rel adds a bound relative to |lse| (see LargeLogits).
-void run_and_check(const CaseSpec& spec, int max_tokens = 0, double lse_rel = 0.0) {
+void run_and_check(const CaseSpec& spec, int max_tokens = 0, double lse_rel = 0.0, bool single_ctas = false) {
   const HostCase hc = make_case(spec);
   DeviceCase dc(hc);
-  SparseAttentionCuda attn({max_tokens > 0 ? max_tokens : spec.tokens, 128, 1});
+  SparseAttentionCuda attn({max_tokens > 0 ? max_tokens : spec.tokens, 128, 1, single_ctas});
   std::vector<uint16_t> out;
   std::vector<float> lse;
   dc.plan_run_download(attn, out, lse);
@@ -180,22 +180,16 @@ TEST_F(SparseAttentionCudaTest, ManyTokensMixedSplits) {
 // dequantization; the same calls on one CTA per head block must agree with
 // the reference too (that path serves other even head counts' fallbacks
 // and keeps the walker's multi-block bookkeeping tested).
-class SingleCtaUnits {
- public:
-  SingleCtaUnits() { cuda::attention_debug().single_cta = true; }
-  ~SingleCtaUnits() { cuda::attention_debug().single_cta = false; }
-};
-
 TEST_F(SparseAttentionCudaTest, ManyTokensMixedSplitsH128) {
   run_and_check({.tokens = 150, .heads = 128, .extra_width = 1024, .extra_page = 64, .seed = 27});
   run_and_check({.tokens = 40, .heads = 128, .extra_width = 1024, .extra_page = 2, .empty_rows = 5, .seed = 28});
 }
 
 TEST_F(SparseAttentionCudaTest, H128OnSingleCtas) {
-  const SingleCtaUnits single;
-  run_and_check({.tokens = 13, .heads = 128, .extra_width = 1024, .extra_page = 64, .seed = 14});
-  run_and_check({.tokens = 150, .heads = 128, .extra_width = 1024, .extra_page = 64, .seed = 27});
-  run_and_check({.tokens = 2, .heads = 128, .extra_width = 8192, .extra_page = 2, .ragged = false, .seed = 17});
+  run_and_check({.tokens = 13, .heads = 128, .extra_width = 1024, .extra_page = 64, .seed = 14}, 0, 0.0, true);
+  run_and_check({.tokens = 150, .heads = 128, .extra_width = 1024, .extra_page = 64, .seed = 27}, 0, 0.0, true);
+  run_and_check({.tokens = 2, .heads = 128, .extra_width = 8192, .extra_page = 2, .ragged = false, .seed = 17}, 0, 0.0,
+                true);
 }
 
 TEST_F(SparseAttentionCudaTest, PrefillChunk) {

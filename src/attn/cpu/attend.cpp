@@ -1,6 +1,6 @@
 #include "attn/cpu/attend.h"
 
-#include <cblas.h>
+#include "attn/cpu/sgemm.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +22,7 @@ void attend_heads(const float* q, int num_heads, const float* keys, int n, const
   }
   // S = q K^T, fp32 accumulation; the scale is applied after the product.
   float* s = scratch;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, num_heads, n, d, 1.0f, q, d, keys, d, 0.0f, s, n);
+  sgemm_nt(num_heads, n, d, q, d, keys, d, s, n);
   for (int h = 0; h < num_heads; ++h) {
     float* row = s + size_t(h) * n;
     float m = -std::numeric_limits<float>::infinity();
@@ -39,7 +39,7 @@ void attend_heads(const float* q, int num_heads, const float* keys, int n, const
     for (int i = 0; i < n; ++i) row[i] /= denom;
   }
   // O = P V with V = K.
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, num_heads, d, n, 1.0f, s, n, keys, d, 0.0f, out, d);
+  sgemm_nn(num_heads, d, n, s, n, keys, d, out, d);
 }
 
 }  // namespace dsv4

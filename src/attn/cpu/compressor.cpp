@@ -6,6 +6,7 @@
 
 #include "numerics/bf16.h"
 #include "numerics/hadamard.h"
+#include "common/error.h"
 #include "numerics/rmsnorm.h"
 
 namespace dsv4 {
@@ -24,8 +25,7 @@ void CompressorOp::pool(int run, int64_t slot_j, const CompressorIo& io,
   const int n = int(last - first);
   rows.resize(size_t(n) * row);
   for (int i = 0; i < n; ++i) {
-    const int32_t slot = StepMetadata::map_slot((*io.state_tables)[size_t(run)], io.state_group, first + i);
-    io.state->read(slot, rows.data() + size_t(i) * row);
+    io.state.read(block_table_slot(io.state_table, run, first + i), rows.data() + size_t(i) * row);
   }
   for (int e = 0; e < c; ++e) {
     // Channel e: token i contributes (a, g) from its A half when it belongs to
@@ -58,34 +58,42 @@ void CompressorOp::finish_entry(float* v, int64_t slot_j) const {
   }
 }
 
-std::vector<int> CompressorOp::forward(const StepMetadata& s, const float* x, const CompressorIo& io) const {
-  const int T = s.num_tokens(), m = w_.ratio, kc = w_.coff * w_.dim;
+std::vector<int> CompressorOp::forward(const StepView& s, const float* x, const CompressorIo& io) const {
+  const int T = s.dims.tokens, m = w_.ratio, kc = w_.coff * w_.dim;
   std::vector<float> rows_out(size_t(T) * 2 * kc), a(size_t(T) * kc), g(size_t(T) * kc);
   wkv_.forward(x, T, a.data(), profile_);
   wgate_.forward(x, T, g.data(), profile_);
 #pragma omp parallel for
   for (int t = 0; t < T; ++t) {
     float* r = rows_out.data() + size_t(t) * 2 * kc;
-    const float* ape = w_.ape.data() + size_t(s.positions[size_t(t)] % m) * kc;  // the ape enters the gate only
+    const float* ape = w_.ape.data() + size_t(s.positions[t] % m) * kc;  // the ape enters the gate only
     for (int i = 0; i < kc; ++i) {
       r[i] = a[size_t(t) * kc + i];
       r[kc + i] = g[size_t(t) * kc + i] + ape[i];
     }
-    io.state->write((*io.state_slots)[size_t(t)], r);
+    if (io.state_slots[t] >= 0) io.state.write(io.state_slots[t], r);
   }
+  // Checked here, outside the parallel region (an exception must not leave
+  // one): every row a completed block pools has a page.
   std::vector<int> done;
-  for (int t = 0; t < T; ++t)
-    if ((*io.out_slots)[size_t(t)] >= 0) done.push_back(t);
+  for (int t = 0; t < T; ++t) {
+    if (io.out_slots[t] < 0) continue;
+    const int64_t j = (s.positions[t] + 1) / m - 1;
+    for (int64_t p = m == 4 ? std::max<int64_t>(0, (j - 1) * m) : j * m; p < j * m + m; ++p)
+      DSV4_REQUIRE(block_table_slot(io.state_table, s.token_run[t], p) >= 0,
+              "compressor: state row " + std::to_string(p) + " of a pooled block has no page");
+    done.push_back(t);
+  }
 #pragma omp parallel
   {
     std::vector<float> rows, v(size_t(w_.dim));
 #pragma omp for schedule(dynamic)
     for (size_t i = 0; i < done.size(); ++i) {
       const int t = done[i];
-      const int64_t slot_j = (s.positions[size_t(t)] + 1) / m - 1;
-      pool(s.token_run[size_t(t)], slot_j, io, rows, v.data());
+      const int64_t slot_j = (s.positions[t] + 1) / m - 1;
+      pool(s.token_run[t], slot_j, io, rows, v.data());
       finish_entry(v.data(), slot_j);
-      io.out->write((*io.out_slots)[size_t(t)], v.data());
+      io.out.write(io.out_slots[t], v.data());
     }
   }
   return done;

@@ -8,20 +8,19 @@
 #include <vector>
 
 #include "attn/cpu/linear.h"
-#include "cache/cache_manager.h"
+#include "cache/entries.h"
 #include "numerics/rope.h"
-#include "runtime/step.h"
+#include "step/step_layout.h"
 
 namespace dsv4 {
 
 // Where one compressor reads and writes, per step.
 struct CompressorIo {
-  PageStore* state = nullptr;                               // state rows
-  CacheGroup state_group = CacheGroup::kC4AState;
-  const std::vector<int32_t>* state_slots = nullptr;        // [T] row slot of each token
-  const std::vector<std::vector<int32_t>>* state_tables = nullptr;  // per run
-  PageStore* out = nullptr;                                 // compressed entries
-  const std::vector<int32_t>* out_slots = nullptr;          // [T] entry a token completes, or -1
+  EntryArena state;                      // state rows
+  BlockTableView state_table;            // per run: the state rows' pages
+  const int32_t* state_slots = nullptr;  // [T] row slot of each token
+  EntryArena out;                        // compressed entries
+  const int32_t* out_slots = nullptr;    // [T] entry a token completes, or -1
 };
 
 class CompressorOp {
@@ -32,7 +31,7 @@ class CompressorOp {
                bool index_keys);
 
   // Returns the tokens (step-local indices) that completed an entry.
-  std::vector<int> forward(const StepMetadata& s, const float* x, const CompressorIo& io) const;
+  std::vector<int> forward(const StepView& s, const float* x, const CompressorIo& io) const;
 
  private:
   // Pools slot j from the state rows; writes c floats.

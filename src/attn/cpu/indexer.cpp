@@ -1,6 +1,6 @@
 #include "attn/cpu/indexer.h"
 
-#include <cblas.h>
+#include "attn/cpu/sgemm.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,9 +28,9 @@ IndexerOp::IndexerOp(const IndexerWeights& w, const ModelConfig& config, Profile
       wq_b_(&w.wq_b, LinearMode::kFp8, cache_weights),
       weights_proj_(&w.weights_proj, LinearMode::kBf16, cache_weights) {}
 
-void IndexerOp::queries(const StepMetadata& s, const float* x, const float* cq, std::vector<float>& q,
+void IndexerOp::queries(const StepView& s, const float* x, const float* cq, std::vector<float>& q,
                         std::vector<float>& w) const {
-  const int T = s.num_tokens(), nI = config_.index_n_heads, d = kIndexDim;
+  const int T = s.dims.tokens, nI = config_.index_n_heads, d = kIndexDim;
   const bool prod = profile_ == Profile::kProduction;
   q.resize(size_t(T) * nI * d);
   w.resize(size_t(T) * nI);
@@ -41,7 +41,7 @@ void IndexerOp::queries(const StepMetadata& s, const float* x, const float* cq, 
   for (int t = 0; t < T; ++t) {
     for (int h = 0; h < nI; ++h) {
       float* qh = q.data() + (size_t(t) * nI + h) * d;
-      rope_.apply(qh + d - kRopeDim, s.positions[size_t(t)]);
+      rope_.apply(qh + d - kRopeDim, s.positions[t]);
       if (!prod) continue;
       round_bf16(qh + d - kRopeDim, kRopeDim);
       // Rotated like the keys, then quantized like them (SPEC §5).
@@ -62,7 +62,7 @@ void IndexerOp::score(const float* q, const float* w, const float* keys, int64_t
   const int nI = config_.index_n_heads, d = kIndexDim;
   const bool prod = profile_ == Profile::kProduction;
   scratch.resize(size_t(nI) * size_t(n));
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nI, int(n), d, 1.0f, q, d, keys, d, 0.0f, scratch.data(),
+  sgemm_nt(nI, int(n), d, q, d, keys, d, scratch.data(),
               int(n));
   for (int64_t j = 0; j < n; ++j) {
     float sum = 0;
@@ -90,9 +90,9 @@ bool better(const Candidate& a, const Candidate& b) {
 
 }  // namespace
 
-std::vector<std::vector<int32_t>> IndexerOp::select(const StepMetadata& s, const float* x, const float* cq,
-                                                    const PageStore& keys) const {
-  const int T = s.num_tokens(), nI = config_.index_n_heads, d = kIndexDim, k = config_.index_topk;
+std::vector<std::vector<int32_t>> IndexerOp::select(const StepView& s, const float* x, const float* cq,
+                                                    const EntryArena& keys) const {
+  const int T = s.dims.tokens, nI = config_.index_n_heads, d = kIndexDim, k = config_.index_topk;
   std::vector<float> q, w;
   queries(s, x, cq, q, w);
   std::vector<std::vector<int32_t>> picks(static_cast<size_t>(T));
@@ -101,19 +101,19 @@ std::vector<std::vector<int32_t>> IndexerOp::select(const StepMetadata& s, const
   const int64_t kTile = key_tile_;
   std::vector<float> tile(size_t(kTile) * d);
   std::vector<std::vector<Candidate>> best(static_cast<size_t>(T));
-  for (size_t r = 0; r < s.runs.size(); ++r) {
-    const int64_t n = (s.positions[size_t(s.token_begin[r + 1] - 1)] + 1) / 4;  // visible to the run's last token
+  for (int r = 0; r < s.dims.runs; ++r) {
+    const int64_t n = (s.positions[s.run_token_begin[r + 1] - 1] + 1) / 4;  // visible to the run's last token
     for (int64_t j0 = 0; j0 < n; j0 += kTile) {
       const int64_t j1 = std::min(n, j0 + kTile);
 #pragma omp parallel for
       for (int64_t j = j0; j < j1; ++j)
-        keys.read(StepMetadata::map_slot(s.c4a_table[r], CacheGroup::kC4A, j), tile.data() + size_t(j - j0) * d);
+        keys.read(block_table_slot(s.table(CacheGroup::kC4A), r, j), tile.data() + size_t(j - j0) * d);
 #pragma omp parallel
       {
         std::vector<float> scores, scratch;
 #pragma omp for schedule(dynamic)
-        for (int t = s.token_begin[r]; t < s.token_begin[r + 1]; ++t) {
-          const int64_t visible = std::min(j1, (s.positions[size_t(t)] + 1) / 4);
+        for (int t = s.run_token_begin[r]; t < s.run_token_begin[r + 1]; ++t) {
+          const int64_t visible = std::min<int64_t>(j1, (s.positions[t] + 1) / 4);
           if (visible <= j0) continue;
           scores.resize(size_t(visible - j0));
           score(q.data() + size_t(t) * nI * d, w.data() + size_t(t) * nI, tile.data(), visible - j0, scores.data(),

@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "attn/cpu/linear.h"
+#include "cache/entries.h"
 #include "cache/index_key_format.h"
-#include "cache/page_store.h"
 #include "model/config.h"
 #include "numerics/rope.h"
-#include "runtime/step.h"
+#include "step/step_layout.h"
 
 namespace dsv4 {
 
@@ -23,12 +23,12 @@ class IndexerOp {
   // x: [T, D] layer input; cq: [T, q_lora] normalized query latent. The keys
   // of every visible slot must already be in `keys`. Returns, per token, the
   // request-local slots picked (best first).
-  std::vector<std::vector<int32_t>> select(const StepMetadata& s, const float* x, const float* cq,
-                                           const PageStore& keys) const;
+  std::vector<std::vector<int32_t>> select(const StepView& s, const float* x, const float* cq,
+                                           const EntryArena& keys) const;
 
  private:
   // Queries [T, nI, 128] as the scorer sees them, and head weights [T, nI].
-  void queries(const StepMetadata& s, const float* x, const float* cq, std::vector<float>& q,
+  void queries(const StepView& s, const float* x, const float* cq, std::vector<float>& q,
                std::vector<float>& w) const;
   // Scores of n consecutive decoded keys for one token.
   void score(const float* q, const float* w, const float* keys, int64_t n, float* scores,

@@ -1,6 +1,6 @@
 #include "attn/cpu/linear.h"
 
-#include <cblas.h>
+#include "attn/cpu/sgemm.h"
 
 #include <algorithm>
 #include <cstring>
@@ -23,8 +23,8 @@ Linear::Linear(const WeightMatrix* w, LinearMode mode, bool cache_weights, int64
 void Linear::gemm(const float* x, int ldx, int tokens, float* y, int ldy) const {
   const int64_t n = rows_, k = w_->cols;
   if (!dense_.empty()) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tokens, int(n), int(k), 1.0f, x, ldx, dense_.data(),
-                int(k), 0.0f, y, ldy);
+    sgemm_nt(tokens, int(n), int(k), x, ldx, dense_.data(),
+                int(k), y, ldy);
     return;
   }
   // Weight panels dequantized on the fly: memory stays bounded by one panel
@@ -34,8 +34,8 @@ void Linear::gemm(const float* x, int ldx, int tokens, float* y, int ldy) const 
   for (int64_t r0 = 0; r0 < n; r0 += kPanel) {
     const int64_t rows = std::min(kPanel, n - r0);
     w_->dequantize_rows(row0_ + r0, rows, panel.data());
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tokens, int(rows), int(k), 1.0f, x, ldx, panel.data(),
-                int(k), 0.0f, y + r0, ldy);
+    sgemm_nt(tokens, int(rows), int(k), x, ldx, panel.data(),
+                int(k), y + r0, ldy);
   }
 }
 

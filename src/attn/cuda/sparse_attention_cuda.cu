@@ -22,17 +22,14 @@ void cuda_check(cudaError_t e, const char* what) {
 
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
-void check_list(const KvPages& cache, const IndexList& list, const std::string& what) {
-  require(list.width >= 0, what + ": negative index width");
+// What the kernel needs beyond the interface's checks: aligned index lists,
+// fp8_ds_mla pages, 16-byte loads of the 576-byte records (576 = 36 * 16).
+void check_cuda_list(const KvPages& cache, const IndexList& list, const std::string& what) {
   if (list.width == 0) return;
-  require(list.indices && list.lengths, what + ": index list without indices or lengths");
-  require(aligned(list.indices, 4) && aligned(list.lengths, 4), what + ": misaligned index list");
-  require(cache.base && cache.num_pages > 0, what + ": index list given but the cache has no pages");
-  require(cache.entries_per_page > 0, what + ": entries_per_page must be positive");
-  require(cache.page_stride >= fp8_ds_mla_page_stride(cache.entries_per_page),
+  DSV4_REQUIRE(aligned(list.indices, 4) && aligned(list.lengths, 4), what + ": misaligned index list");
+  DSV4_REQUIRE(cache.page_stride >= fp8_ds_mla_page_stride(cache.entries_per_page),
           what + ": page stride smaller than an fp8_ds_mla page");
-  // 16-byte loads of the 576-byte records (576 = 36 * 16).
-  require(aligned(cache.base, 16) && cache.page_stride % 16 == 0, what + ": cache base and page stride must be 16-byte aligned");
+  DSV4_REQUIRE(aligned(cache.base, 16) && cache.page_stride % 16 == 0, what + ": cache base and page stride must be 16-byte aligned");
 }
 
 int head_blocks(int heads) { return (heads + cuda::kHeadBlock - 1) / cuda::kHeadBlock; }
@@ -40,21 +37,19 @@ int head_blocks(int heads) { return (heads + cuda::kHeadBlock - 1) / cuda::kHead
 }  // namespace
 
 void check_sparse_attention_cuda_params(const SparseAttentionParams& p, const SparseAttentionCudaLimits& limits) {
-  require(p.num_tokens >= 0, "sparse attention (cuda): negative token count");
-  require(p.num_tokens <= limits.max_tokens, "sparse attention (cuda): " + std::to_string(p.num_tokens) +
+  check_sparse_attention_params(p);
+  DSV4_REQUIRE(p.num_tokens <= limits.max_tokens, "sparse attention (cuda): " + std::to_string(p.num_tokens) +
                                                  " tokens exceed the limit of " + std::to_string(limits.max_tokens));
   if (p.num_tokens == 0) return;
-  require(p.num_heads > 0 && p.num_heads <= limits.max_heads,
+  DSV4_REQUIRE(p.num_heads > 0 && p.num_heads <= limits.max_heads,
           "sparse attention (cuda): num_heads must be in [1, " + std::to_string(limits.max_heads) + "]");
-  require(p.q && p.out && p.attn_sink, "sparse attention (cuda): q, out and attn_sink are required");
-  require(aligned(p.q, 16) && aligned(p.out, 8) && aligned(p.attn_sink, 4) && aligned(p.lse, 4),
+  DSV4_REQUIRE(aligned(p.q, 16) && aligned(p.out, 8) && aligned(p.attn_sink, 4) && aligned(p.lse, 4),
           "sparse attention (cuda): q must be 16-byte, out 8-byte, attn_sink and lse 4-byte aligned");
-  require(p.softmax_scale > 0 && std::isfinite(p.softmax_scale), "sparse attention (cuda): bad softmax scale");
-  check_list(p.swa_cache, p.swa, "sparse attention (cuda, swa)");
-  check_list(p.extra_cache, p.extra, "sparse attention (cuda, extra)");
+  check_cuda_list(p.swa_cache, p.swa, "sparse attention (cuda, swa)");
+  check_cuda_list(p.extra_cache, p.extra, "sparse attention (cuda, extra)");
   // Tile numbers are 32-bit on the device.
   const int64_t tiles_per_unit = (int64_t(p.swa.width) + p.extra.width) / cuda::kTileEntries + 1;
-  require(int64_t(p.num_tokens) * head_blocks(p.num_heads) * tiles_per_unit < (int64_t(1) << 30),
+  DSV4_REQUIRE(int64_t(p.num_tokens) * head_blocks(p.num_heads) * tiles_per_unit < (int64_t(1) << 30),
           "sparse attention (cuda): too much work for one call");
 }
 
@@ -73,6 +68,7 @@ struct SparseAttentionCuda::Impl {
   float2* partial_ml = nullptr;
   std::vector<PlanSlot> plans;
   size_t bytes = 0;
+  unsigned long long* debug_clock = nullptr;
 
   template <typename T>
   T* alloc(size_t count) {
@@ -89,7 +85,7 @@ struct SparseAttentionCuda::Impl {
   // Pairs of head blocks (H = 128) run on clusters of two CTAs, which share
   // the dequantization of every tile.
   int cluster_for(int heads) const {
-    return head_blocks(heads) % 2 == 0 && pair_grid >= 2 && !cuda::attention_debug().single_cta ? 2 : 1;
+    return head_blocks(heads) % 2 == 0 && pair_grid >= 2 && !limits.pairs_on_single_ctas ? 2 : 1;
   }
 
   cuda::AttnParams params(const SparseAttentionParams& p, const PlanSlot& slot) const {
@@ -123,20 +119,20 @@ struct SparseAttentionCuda::Impl {
     a.partial_o = partial_o;
     a.partial_ml = partial_ml;
     a.grid = slot.cluster == 2 ? pair_grid : grid;
-    a.debug_clock = cuda::attention_debug().clock;
+    a.debug_clock = debug_clock;
     return a;
   }
 };
 
 SparseAttentionCuda::SparseAttentionCuda(const SparseAttentionCudaLimits& limits) : impl_(new Impl) {
   try {
-    require(limits.max_tokens >= 0 && limits.max_heads > 0 && limits.num_plans > 0,
+    DSV4_REQUIRE(limits.max_tokens >= 0 && limits.max_heads > 0 && limits.num_plans > 0,
             "sparse attention (cuda): bad limits");
     impl_->limits = limits;
     const int single = cuda::attention_grid(1), pairs = cuda::attention_grid(2);
     if (single < 0) cuda_check(cudaError_t(-single), "preparing the attention kernel");
     if (pairs < 0) cuda_check(cudaError_t(-pairs), "preparing the attention kernel (clusters)");
-    require(single > 0, "sparse attention (cuda): the attention kernel does not fit on this device");
+    DSV4_REQUIRE(single > 0, "sparse attention (cuda): the attention kernel does not fit on this device");
     // One wave: all CTAs resident together.
     impl_->grid = std::min(single, cuda::kMaxGrid);
     impl_->pair_grid = std::min(pairs, impl_->grid) & ~1;
@@ -159,12 +155,14 @@ SparseAttentionCuda::SparseAttentionCuda(const SparseAttentionCudaLimits& limits
 
 SparseAttentionCuda::~SparseAttentionCuda() { delete impl_; }
 
+void SparseAttentionCuda::set_debug_clock(unsigned long long* clock) { impl_->debug_clock = clock; }
+
 const SparseAttentionCudaLimits& SparseAttentionCuda::limits() const { return impl_->limits; }
 int SparseAttentionCuda::grid_size() const { return impl_->grid; }
 size_t SparseAttentionCuda::workspace_bytes() const { return impl_->bytes; }
 
 void SparseAttentionCuda::plan(const SparseAttentionParams& p, CUstream_st* stream, int slot) {
-  require(slot >= 0 && slot < int(impl_->plans.size()), "sparse attention (cuda): no plan slot " + std::to_string(slot));
+  DSV4_REQUIRE(slot >= 0 && slot < int(impl_->plans.size()), "sparse attention (cuda): no plan slot " + std::to_string(slot));
   check_sparse_attention_cuda_params(p, impl_->limits);
   Impl::PlanSlot& s = impl_->plans[slot];
   s.built = true;
@@ -179,11 +177,11 @@ void SparseAttentionCuda::plan(const SparseAttentionParams& p, CUstream_st* stre
 }
 
 void SparseAttentionCuda::run(const SparseAttentionParams& p, CUstream_st* stream, int slot) {
-  require(slot >= 0 && slot < int(impl_->plans.size()), "sparse attention (cuda): no plan slot " + std::to_string(slot));
+  DSV4_REQUIRE(slot >= 0 && slot < int(impl_->plans.size()), "sparse attention (cuda): no plan slot " + std::to_string(slot));
   check_sparse_attention_cuda_params(p, impl_->limits);
   const Impl::PlanSlot& s = impl_->plans[slot];
-  require(s.built, "sparse attention (cuda): run() before plan()");
-  require(s.tokens == p.num_tokens && s.heads == p.num_heads && s.swa_width == p.swa.width &&
+  DSV4_REQUIRE(s.built, "sparse attention (cuda): run() before plan()");
+  DSV4_REQUIRE(s.tokens == p.num_tokens && s.heads == p.num_heads && s.swa_width == p.swa.width &&
               s.extra_width == p.extra.width,
           "sparse attention (cuda): the plan was built for other tokens, heads or index widths");
   if (p.num_tokens == 0) return;

@@ -34,6 +34,9 @@ struct SparseAttentionCudaLimits {
   int max_tokens = 0;  // tokens of one call
   int max_heads = 128;
   int num_plans = 1;   // plans kept side by side, e.g. one per layer type
+  // Pairs of head blocks (H = 128) on separate CTAs instead of clusters of
+  // two (tests and comparisons keep that path exercised).
+  bool pairs_on_single_ctas = false;
 };
 
 class SparseAttentionCuda {
@@ -46,6 +49,11 @@ class SparseAttentionCuda {
 
   void plan(const SparseAttentionParams& p, CUstream_st* stream, int slot = 0);
   void run(const SparseAttentionParams& p, CUstream_st* stream, int slot = 0);
+
+  // Diagnostics (benchmark only): run() then uses the kernel instantiation
+  // that times every wait into `clock` (kDebugSlots zeroed entries per CTA,
+  // sparse_mla_internal.cuh); null turns it off.
+  void set_debug_clock(unsigned long long* clock);
 
   const SparseAttentionCudaLimits& limits() const;
   int grid_size() const;           // CTAs of the attention kernel (one per SM)

@@ -87,11 +87,6 @@ inline constexpr int kDebugVPReady = 5;       // time V waited for S's P
 inline constexpr int kDebugVEmpty = 6;        // time V waited for a free K buffer
 inline constexpr int kDebugVStage = 7;        // time V waited for its staged records (cp.async)
 
-struct AttentionDebug {
-  unsigned long long* clock = nullptr;
-  bool single_cta = false;  // run pairs of head blocks on separate CTAs, not clusters (tests, comparisons)
-};
-
 // Launches kernel(p) with programmatic dependent launch allowed: its CTAs may
 // start while the previous kernel in the stream still runs, so the kernel
 // must execute griddepcontrol.wait before touching anything that kernel
@@ -127,7 +122,5 @@ void launch_plan(const AttnParams& p, cudaStream_t stream);
 // waits for it to complete before it exits).
 void launch_attention(const AttnParams& p, cudaStream_t stream);
 void launch_combine(const AttnParams& p, cudaStream_t stream);
-// Process-wide diagnostics copied into every launch (benchmark only).
-AttentionDebug& attention_debug();
 
 }  // namespace dsv4::cuda

@@ -43,11 +43,6 @@ __global__ void __launch_bounds__(kAttnThreads, 1) sparse_mla_kernel(const __gri
 
 }  // namespace
 
-AttentionDebug& attention_debug() {
-  static AttentionDebug d;
-  return d;
-}
-
 int attention_grid(int cluster) {
   auto kernel = cluster == 2 ? sparse_mla_kernel<2, false> : sparse_mla_kernel<1, false>;
   for (auto k : {kernel, cluster == 2 ? sparse_mla_kernel<2, true> : sparse_mla_kernel<1, true>}) {

@@ -1,0 +1,98 @@
+// The CPU backend of the sparse-attention interface: decode the attended
+// entries of each token, then attend_heads, in production or exact numerics.
+#include "attn/cpu/sparse_attention_cpu.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attn/cpu/attend.h"
+#include "cache/fp8_ds_mla.h"
+#include "common/error.h"
+#include "numerics/bf16.h"
+
+namespace dsv4 {
+namespace {
+
+// How a 512-dim entry is stored.
+enum class KvFormat { kFp8DsMla, kF32 };
+
+void check_stride(const KvPages& cache, const IndexList& list, KvFormat f, const char* what) {
+  if (list.width == 0) return;
+  const size_t need = f == KvFormat::kF32 ? f32_kv_page_stride(cache.entries_per_page)
+                                          : fp8_ds_mla_page_stride(cache.entries_per_page);
+  DSV4_REQUIRE(cache.page_stride >= need, std::string(what) + ": page stride smaller than a page of its entries");
+}
+
+// Appends the decoded entries of one token's list to `keys`. A slot < 0 or
+// past the cache's capacity is an empty position: nothing is read for it.
+void gather(const KvPages& cache, const IndexList& list, KvFormat f, int t, std::vector<float>& keys) {
+  if (list.width == 0) return;
+  const int len = std::clamp(list.lengths[t], 0, list.width);
+  const int32_t* idx = list.indices + size_t(t) * list.width;
+  for (int i = 0; i < len; ++i) {
+    const int64_t slot = idx[i];
+    if (slot < 0 || slot >= cache.capacity()) continue;
+    const uint8_t* page = cache.page(slot / cache.entries_per_page);
+    const int e = int(slot % cache.entries_per_page);
+    keys.resize(keys.size() + kKvDim);
+    float* dst = keys.data() + keys.size() - kKvDim;
+    if (f == KvFormat::kF32) std::memcpy(dst, page + f32_kv_page_stride(1) * size_t(e), f32_kv_page_stride(1));
+    else fp8_ds_mla_decode(page, cache.entries_per_page, e, dst);
+  }
+}
+
+// Every token: gather its entries, attend all heads. load_q(t, q) fills the
+// token's [H, 512] query, store(t, out) takes its output.
+template <typename LoadQ, typename Store>
+void attend_tokens(const SparseAttentionParams& p, KvFormat f, bool production, LoadQ load_q, Store store) {
+  const int H = p.num_heads;
+  const AttendOptions opt{p.softmax_scale, production};
+#pragma omp parallel
+  {
+    std::vector<float> keys, q(size_t(H) * kKvDim), out(size_t(H) * kKvDim), scratch;
+#pragma omp for schedule(dynamic)
+    for (int t = 0; t < p.num_tokens; ++t) {
+      keys.clear();
+      gather(p.swa_cache, p.swa, f, t, keys);
+      gather(p.extra_cache, p.extra, f, t, keys);
+      const int n = int(keys.size() / kKvDim);
+      scratch.resize(size_t(H) * size_t(std::max(n, 1)));
+      load_q(t, q.data());
+      attend_heads(q.data(), H, keys.data(), n, p.attn_sink, opt, out.data(), p.lse ? p.lse + size_t(t) * H : nullptr,
+                   scratch.data());
+      store(t, out.data());
+    }
+  }
+}
+
+}  // namespace
+
+void sparse_attention_cpu(const SparseAttentionParams& p) {
+  check_sparse_attention_params(p);
+  check_stride(p.swa_cache, p.swa, KvFormat::kFp8DsMla, "sparse attention (swa)");
+  check_stride(p.extra_cache, p.extra, KvFormat::kFp8DsMla, "sparse attention (extra)");
+  const size_t row = size_t(p.num_heads) * kKvDim;
+  attend_tokens(
+      p, KvFormat::kFp8DsMla, true,
+      [&](int t, float* q) {
+        for (size_t i = 0; i < row; ++i) q[i] = bf16_to_float(p.q[size_t(t) * row + i]);
+      },
+      [&](int t, const float* out) {
+        for (size_t i = 0; i < row; ++i) p.out[size_t(t) * row + i] = bf16_bits(out[i]);
+      });
+}
+
+void sparse_attention_exact_cpu(const SparseAttentionParams& p, const float* q, float* out) {
+  check_sparse_attention_params(p, false);
+  DSV4_REQUIRE(p.num_tokens == 0 || (q && out), "sparse attention (exact): q and out are required");
+  check_stride(p.swa_cache, p.swa, KvFormat::kF32, "sparse attention (swa)");
+  check_stride(p.extra_cache, p.extra, KvFormat::kF32, "sparse attention (extra)");
+  const size_t row = size_t(p.num_heads) * kKvDim;
+  attend_tokens(
+      p, KvFormat::kF32, false, [&](int t, float* qt) { std::memcpy(qt, q + size_t(t) * row, row * sizeof(float)); },
+      [&](int t, const float* o) { std::memcpy(out + size_t(t) * row, o, row * sizeof(float)); });
+}
+
+}  // namespace dsv4

@@ -1,0 +1,169 @@
+#include "cache/block_manager.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/error.h"
+
+namespace dsv4 {
+
+CacheLimits CacheLimits::for_workload(const CacheSpec& spec, int64_t max_requests, int64_t max_context,
+                                      int64_t max_step_tokens) {
+  DSV4_REQUIRE(max_requests >= 0 && max_context >= 0 && max_step_tokens >= 0, "cache limits: negative workload size");
+  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  // Saturating a * b + c: the limits only need to be large enough.
+  auto mad = [](int64_t a, int64_t b, int64_t c) {
+    return b != 0 && a > (INT64_MAX / 2) / b ? INT64_MAX / 2 : std::min(a * b + c, INT64_MAX / 2);
+  };
+  // Per group: what each live request keeps (window pages, compressed
+  // history, the state blocks a slot pools) plus what one step's new tokens
+  // add over all its runs.
+  const int64_t r = max_requests, step = max_step_tokens;
+  const std::array<int64_t, kNumCacheGroups> want = {
+      mad(r, 4, ceil_div(step, 64)),                     // swa
+      mad(r, ceil_div(max_context, 256) + 1, 0),         // c4a: one page per 256 tokens
+      mad(r, ceil_div(max_context, 256) + 1, 0),         // c128a
+      mad(r, 3, ceil_div(step, 4)),                      // c4a_state
+      mad(r, 3, ceil_div(step, 128))};                   // c128a_state
+  CacheLimits l;
+  for (CacheGroup g : kAllCacheGroups) {
+    if (!spec.group(g).used) continue;
+    // Global slots are int32: pages * entries_per_page must stay below 2^31.
+    const int64_t max_pages = (int64_t(INT32_MAX) - 1) / spec.group(g).entries_per_page;
+    l[g] = int32_t(std::min(want[size_t(g)], max_pages));
+  }
+  return l;
+}
+
+BlockManager::BlockManager(const CacheSpec& spec, const CacheLimits& limits) : spec_(spec), limits_(limits) {
+  DSV4_REQUIRE(limits.max_bytes > 0, "cache: the memory limit must be positive");
+  for (CacheGroup g : kAllCacheGroups) {
+    const int32_t pages = uses(g) ? limits[g] : 0;
+    DSV4_REQUIRE(!uses(g) || pages > 0, "cache '" + std::string(cache_group_name(g)) + "' needs a positive capacity");
+    DSV4_REQUIRE(int64_t(pages) * spec.group(g).entries_per_page <= INT32_MAX,
+            "cache '" + std::string(cache_group_name(g)) + "': too many pages for 32-bit slots");
+    pools_.emplace_back(pages);
+  }
+}
+
+void BlockManager::open_request(int64_t id) {
+  DSV4_REQUIRE(!has_request(id), "request " + std::to_string(id) + " is already open");
+  requests_[id];
+}
+
+void BlockManager::close_request(int64_t id) {
+  Request& r = request(id);
+  for (CacheGroup g : kAllCacheGroups)
+    for (int32_t page : r.tables[size_t(g)].pages)
+      if (page >= 0) pools_[size_t(g)].release(page);
+  requests_.erase(id);
+}
+
+BlockManager::Request& BlockManager::request(int64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) throw Error("unknown request " + std::to_string(id));
+  return it->second;
+}
+
+const BlockManager::Request& BlockManager::request(int64_t id) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) throw Error("unknown request " + std::to_string(id));
+  return it->second;
+}
+
+int64_t BlockManager::length(int64_t id) const { return request(id).length; }
+
+int64_t BlockManager::tokens_held() const {
+  int64_t n = 0;
+  for (const auto& [id, r] : requests_) n += r.length;
+  return n;
+}
+
+void BlockManager::reserve(int64_t id, int64_t start, int len) {
+  Request& r = request(id);
+  std::array<std::vector<int64_t>, kNumCacheGroups> missing;
+  int64_t new_bytes = 0;
+  for (CacheGroup g : kAllCacheGroups) {
+    if (!uses(g)) continue;
+    const BlockRange want = spec_.blocks_touched(g, start, len);
+    const Table& t = r.tables[size_t(g)];
+    for (int64_t b = want.first; b <= want.last; ++b) {
+      const int64_t col = b - t.first;
+      if (col < 0 && !t.pages.empty())
+        throw Error("request " + std::to_string(id) + ": block " + std::to_string(b) + " of cache '" +
+                    std::string(cache_group_name(g)) + "' was already freed");
+      if (col < 0 || col >= int64_t(t.pages.size()) || t.pages[size_t(col)] < 0) missing[size_t(g)].push_back(b);
+    }
+    const BlockPool& pool = pools_[size_t(g)];
+    const size_t need = missing[size_t(g)].size();
+    if (int64_t(need) > pool.free_count())
+      throw Error("request " + std::to_string(id) + ": cache '" + std::string(cache_group_name(g)) +
+                  "' is exhausted: positions " + std::to_string(start) + ".." + std::to_string(start + len - 1) +
+                  " need " + std::to_string(need) + " more pages, " + std::to_string(pool.free_count()) + " of " +
+                  std::to_string(pool.capacity()) + " are free");
+    new_bytes += int64_t(need) * int64_t(spec_.group(g).page_bytes);
+  }
+  if (bytes_in_use() + new_bytes > limits_.max_bytes)
+    throw Error("request " + std::to_string(id) + ": positions " + std::to_string(start) + ".." +
+                std::to_string(start + len - 1) + " need " + std::to_string(new_bytes) + " more bytes of cache; " +
+                std::to_string(bytes_in_use()) + " of the limit of " + std::to_string(limits_.max_bytes) +
+                " are in use");
+  for (CacheGroup g : kAllCacheGroups) {
+    Table& t = r.tables[size_t(g)];
+    for (int64_t b : missing[size_t(g)]) {
+      if (t.pages.empty()) t.first = b;
+      t.pages.resize(size_t(std::max<int64_t>(int64_t(t.pages.size()), b - t.first + 1)), -1);
+      t.pages[size_t(b - t.first)] = pools_[size_t(g)].allocate();
+    }
+  }
+}
+
+void BlockManager::release_below(Table& t, CacheGroup g, int64_t block) {
+  const int64_t drop = std::min<int64_t>(std::max<int64_t>(0, block - t.first), int64_t(t.pages.size()));
+  for (int64_t i = 0; i < drop; ++i)
+    if (t.pages[size_t(i)] >= 0) pools_[size_t(g)].release(t.pages[size_t(i)]);
+  t.pages.erase(t.pages.begin(), t.pages.begin() + drop);
+  t.first += drop;
+}
+
+void BlockManager::commit(int64_t id, int64_t new_length) {
+  Request& r = request(id);
+  DSV4_REQUIRE(new_length >= r.length, "request " + std::to_string(id) + ": length cannot shrink");
+  r.length = new_length;
+  for (CacheGroup g : kAllCacheGroups)
+    release_below(r.tables[size_t(g)], g, spec_.first_live_block(g, new_length));
+}
+
+int32_t BlockManager::slot(CacheGroup g, int64_t id, int64_t entry) const {
+  const Table& t = request(id).tables[size_t(g)];
+  const int b = spec_.group(g).entries_per_page;
+  const int64_t col = entry < 0 ? -1 : entry / b - t.first;
+  if (col < 0 || col >= int64_t(t.pages.size()) || t.pages[size_t(col)] < 0)
+    throw Error("request " + std::to_string(id) + ": entry " + std::to_string(entry) + " of cache '" +
+                std::string(cache_group_name(g)) + "' has no page");
+  return int32_t(int64_t(t.pages[size_t(col)]) * b + entry % b);
+}
+
+BlockTableRef BlockManager::table(CacheGroup g, int64_t id) const {
+  const Table& t = request(id).tables[size_t(g)];
+  return BlockTableRef{t.first, std::span<const int32_t>(t.pages)};
+}
+
+int64_t BlockManager::bytes_in_use(CacheGroup g) const {
+  return int64_t(pools_[size_t(g)].used_count()) * int64_t(spec_.group(g).page_bytes);
+}
+
+int64_t BlockManager::bytes_in_use(LayerType t) const {
+  int64_t n = 0;
+  for (const ArenaSpec& a : spec_.arenas())
+    if (a.layer_type == t) n += int64_t(pools_[size_t(a.group)].used_count()) * int64_t(a.page_stride);
+  return n;
+}
+
+int64_t BlockManager::bytes_in_use() const {
+  int64_t n = 0;
+  for (CacheGroup g : kAllCacheGroups) n += bytes_in_use(g);
+  return n;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,94 @@
+#pragma once
+// The bookkeeping half of the paged caches (SPEC §6): which page holds each
+// block of each request, per cache group. No bytes live here; the storage
+// (cache/host_storage.h, or device arenas in a GPU backend) holds those under
+// the same page ids.
+//
+// A request's table for a group keeps only its live blocks (first .. first +
+// size - 1); what a commit frees is what CacheSpec::first_live_block says no
+// later token reads. Reserving the pages of a run is all or nothing, so
+// running out (pages or bytes) fails that run alone and touches no other
+// request.
+#include <array>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "cache/block_pool.h"
+#include "cache/cache_spec.h"
+
+namespace dsv4 {
+
+// Upper bounds: page ids per group, and the bytes of all pages in use.
+struct CacheLimits {
+  std::array<int32_t, kNumCacheGroups> pages{};
+  int64_t max_bytes = INT64_MAX;
+
+  int32_t& operator[](CacheGroup g) { return pages[size_t(g)]; }
+  int32_t operator[](CacheGroup g) const { return pages[size_t(g)]; }
+
+  // Enough page ids for `max_requests` live requests of up to `max_context`
+  // tokens each, with steps of up to `max_step_tokens` new tokens (64-bit
+  // arithmetic, clamped so that every global slot fits an int32).
+  static CacheLimits for_workload(const CacheSpec& spec, int64_t max_requests, int64_t max_context,
+                                  int64_t max_step_tokens);
+};
+
+// A request's live blocks of one group.
+struct BlockTableRef {
+  int64_t first = 0;                // logical block of pages[0]
+  std::span<const int32_t> pages;   // -1 where no page is held
+};
+
+class BlockManager {
+ public:
+  BlockManager(const CacheSpec& spec, const CacheLimits& limits);
+
+  void open_request(int64_t id);   // throws if it exists
+  void close_request(int64_t id);  // releases every page; throws if unknown
+  bool has_request(int64_t id) const { return requests_.count(id) != 0; }
+  int64_t length(int64_t id) const;  // tokens the request holds (positions 0 .. length-1)
+  int64_t tokens_held() const;       // over all open requests
+
+  // Gives every block the run [start, start + len) touches a page, in every
+  // group. All or nothing: throws Error naming the exhausted cache and
+  // leaves every table as it was.
+  void reserve(int64_t id, int64_t start, int len);
+  // The request now holds `new_length` tokens: pages no later token reads go back.
+  void commit(int64_t id, int64_t new_length);
+
+  // Global slot of entry `entry` of a group for a request; throws when no page holds it.
+  int32_t slot(CacheGroup g, int64_t id, int64_t entry) const;
+  BlockTableRef table(CacheGroup g, int64_t id) const;
+
+  const CacheSpec& spec() const { return spec_; }
+  const BlockPool& pool(CacheGroup g) const { return pools_[size_t(g)]; }
+  bool uses(CacheGroup g) const { return spec_.group(g).used; }
+  // Bytes of the pages in use, in one group (all its arenas) and in all.
+  int64_t bytes_in_use(CacheGroup g) const;
+  int64_t bytes_in_use() const;
+  // Bytes of the pages in use in the arenas of one layer type's layers.
+  int64_t bytes_in_use(LayerType t) const;
+  const CacheLimits& limits() const { return limits_; }
+
+ private:
+  struct Table {
+    int64_t first = 0;
+    std::vector<int32_t> pages;
+  };
+  struct Request {
+    std::array<Table, kNumCacheGroups> tables;
+    int64_t length = 0;
+  };
+  Request& request(int64_t id);
+  const Request& request(int64_t id) const;
+  void release_below(Table& t, CacheGroup g, int64_t block);
+
+  const CacheSpec& spec_;
+  CacheLimits limits_;
+  std::vector<BlockPool> pools_;  // one per group
+  std::map<int64_t, Request> requests_;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,33 @@
+#include "cache/host_storage.h"
+
+namespace dsv4 {
+
+HostCacheStorage::HostCacheStorage(const CacheSpec& spec)
+    : spec_(spec), arenas_(spec.arenas().size()), pages_(kNumCacheGroups, 0) {}
+
+void HostCacheStorage::ensure_pages(CacheGroup g, int32_t pages) {
+  if (pages <= pages_[size_t(g)]) return;
+  for (size_t i = 0; i < arenas_.size(); ++i)
+    if (spec_.arenas()[i].group == g) arenas_[i].resize(size_t(pages) * spec_.arenas()[i].page_stride);
+  pages_[size_t(g)] = pages;
+}
+
+KvPagesMut HostCacheStorage::pages(int layer, CacheKind k) {
+  const int i = spec_.arena_index(layer, k);
+  if (i < 0) return {};
+  const ArenaSpec& a = spec_.arenas()[size_t(i)];
+  return KvPagesMut{arenas_[size_t(i)].data(), pages_[size_t(a.group)], spec_.group(a.group).entries_per_page,
+                    a.page_stride};
+}
+
+KvPages HostCacheStorage::pages(int layer, CacheKind k) const {
+  return const_cast<HostCacheStorage*>(this)->pages(layer, k);
+}
+
+int64_t HostCacheStorage::bytes_allocated() const {
+  int64_t n = 0;
+  for (const auto& a : arenas_) n += int64_t(a.size());
+  return n;
+}
+
+}  // namespace dsv4
