@@ -6,10 +6,12 @@
 // activations of a step; the engine (runtime/engine.h) drives it.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
 #include "attn/profile.h"
+#include "cache/block_manager.h"
 #include "cache/cache_spec.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -50,6 +52,10 @@ class AttentionBackend {
   virtual ~AttentionBackend() = default;
   virtual std::string_view name() const = 0;
 
+  // A backend whose cache storage is fixed (device arenas allocated once)
+  // says how many pages it holds; the engine's block manager then hands out
+  // no more. Host storage grows with use: no fixed limits.
+  virtual std::optional<CacheLimits> cache_limits() const { return std::nullopt; }
   // Storage for page ids [0, pages) of a group: host arenas grow here; a
   // device backend with fixed arenas checks that they are large enough.
   virtual void ensure_pages(CacheGroup g, int32_t pages) = 0;

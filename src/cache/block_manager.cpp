@@ -35,6 +35,40 @@ CacheLimits CacheLimits::for_workload(const CacheSpec& spec, int64_t max_request
   return l;
 }
 
+CacheLimits CacheLimits::for_memory(const CacheSpec& spec, int64_t max_requests, int64_t max_context,
+                                    int64_t max_step_tokens, int64_t bytes) {
+  CacheLimits l = for_workload(spec, max_requests, max_context, max_step_tokens);
+  const std::array<CacheGroup, 2> growing = {CacheGroup::kC4A, CacheGroup::kC128A};
+  int64_t fixed = 0, per_page = 0;
+  for (CacheGroup g : kAllCacheGroups) {
+    const int64_t pb = int64_t(spec.group(g).page_bytes);
+    if (g == CacheGroup::kC4A || g == CacheGroup::kC128A) per_page += spec.group(g).used ? pb : 0;
+    else fixed += int64_t(l[g]) * pb;
+  }
+  DSV4_REQUIRE(fixed < bytes, "cache: " + std::to_string(bytes) + " bytes cannot hold the SWA windows and compressor "
+                                  "state of " + std::to_string(max_requests) + " requests (" + std::to_string(fixed) +
+                                  " bytes); lower the number of requests or the step's tokens");
+  l.max_bytes = bytes;
+  if (per_page == 0) return l;
+  const int64_t pages = (bytes - fixed) / per_page;
+  for (CacheGroup g : growing)
+    if (spec.group(g).used) l[g] = int32_t(std::min<int64_t>(l[g], pages));
+  return l;
+}
+
+int64_t CacheLimits::bytes(const CacheSpec& spec) const {
+  int64_t n = 0;
+  for (CacheGroup g : kAllCacheGroups) n += int64_t((*this)[g]) * int64_t(spec.group(g).page_bytes);
+  return n;
+}
+
+int64_t CacheLimits::context_tokens(const CacheSpec& spec) const {
+  int64_t tokens = INT64_MAX;
+  for (CacheGroup g : {CacheGroup::kC4A, CacheGroup::kC128A})
+    if (spec.group(g).used) tokens = std::min<int64_t>(tokens, int64_t((*this)[g]) * 256);
+  return tokens;
+}
+
 BlockManager::BlockManager(const CacheSpec& spec, const CacheLimits& limits) : spec_(spec), limits_(limits) {
   DSV4_REQUIRE(limits.max_bytes > 0, "cache: the memory limit must be positive");
   for (CacheGroup g : kAllCacheGroups) {

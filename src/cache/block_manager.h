@@ -33,6 +33,19 @@ struct CacheLimits {
   // arithmetic, clamped so that every global slot fits an int32).
   static CacheLimits for_workload(const CacheSpec& spec, int64_t max_requests, int64_t max_context,
                                   int64_t max_step_tokens);
+  // The same workload within `bytes` of cache (a GPU's fixed budget): the
+  // bounded groups (SWA window, compressor state) as for_workload says, the
+  // compressed groups (which grow with context) get what is left, split so
+  // that C4A and C128A pages grow together (both hold 256 tokens a page), up
+  // to what the workload can use. Throws Error when even the bounded part
+  // does not fit.
+  static CacheLimits for_memory(const CacheSpec& spec, int64_t max_requests, int64_t max_context,
+                                int64_t max_step_tokens, int64_t bytes);
+  // Bytes of every page id these limits allow, with `spec`'s page sizes.
+  int64_t bytes(const CacheSpec& spec) const;
+  // Raw tokens of compressed history the C4A/C128A pages can hold, over all
+  // requests (each page holds 256 tokens); INT64_MAX when no layer compresses.
+  int64_t context_tokens(const CacheSpec& spec) const;
 };
 
 // A request's live blocks of one group.

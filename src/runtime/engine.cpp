@@ -4,7 +4,7 @@
 
 #include "attn/cpu/cpu_backend.h"
 #include "common/error.h"
-#if DSV4_HAVE_CUDA_BACKEND
+#if DSV4_HAVE_CUDA
 #include "attn/cuda/cuda_backend.h"
 #endif
 
@@ -19,14 +19,14 @@ CacheLimits limits_for(const CacheSpec& spec, const EngineOptions& o) {
 }
 
 std::unique_ptr<AttentionBackend> make_backend(const ModelConfig& c, const std::vector<LayerWeights>& w,
-                                               const CacheSpec& spec, const BlockManager& blocks,
-                                               const EngineOptions& o) {
+                                               const CacheSpec& spec, const EngineOptions& o) {
   const BackendOptions bo{o.profile, o.index_keys, o.cache_weights, o.indexer_key_tile};
   if (o.device == Device::kCpu) return make_cpu_backend(c, w, spec, bo);
-#if DSV4_HAVE_CUDA_BACKEND
-  return make_cuda_backend(c, w, spec, blocks.limits(), bo);
+#if DSV4_HAVE_CUDA
+  const CudaBackendOptions co{o.gpu_memory, o.workload.max_requests, o.workload.max_context,
+                              o.workload.max_step_tokens, o.cuda_graphs};
+  return make_cuda_backend(c, w, spec, bo, co);
 #else
-  (void)blocks;
   throw Error("this build has no CUDA backend (configure where nvcc is found)");
 #endif
 }
@@ -37,7 +37,8 @@ Engine::Engine(const ModelConfig& config, std::vector<LayerWeights> weights, con
                std::shared_ptr<const Checkpoint> checkpoint)
     : config_(config), options_(options), checkpoint_(std::move(checkpoint)), weights_(std::move(weights)),
       spec_(config_, CacheFormats{options.profile == Profile::kProduction, options.index_keys}),
-      blocks_(spec_, limits_for(spec_, options)) {
+      backend_(make_backend(config_, weights_, spec_, options)),
+      blocks_(spec_, backend_->cache_limits().value_or(limits_for(spec_, options))) {
   DSV4_REQUIRE(int(weights_.size()) == config_.num_layers, "engine: " + std::to_string(weights_.size()) +
                                                           " layers of weights for " +
                                                           std::to_string(config_.num_layers) + " layers");
@@ -46,7 +47,6 @@ Engine::Engine(const ModelConfig& config, std::vector<LayerWeights> weights, con
             "engine: the weights given for layer " + std::to_string(l) + " are layer " +
                 std::to_string(weights_[size_t(l)].layer) + "'s (" +
                 std::string(layer_type_name(weights_[size_t(l)].type)) + ")");
-  backend_ = make_backend(config_, weights_, spec_, blocks_, options_);
 }
 
 Engine::~Engine() = default;

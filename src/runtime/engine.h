@@ -30,6 +30,10 @@ struct CacheWorkload {
 
 struct EngineOptions {
   Device device = Device::kCpu;
+  // CUDA: device memory for weights, workspaces and caches (a fraction of the
+  // free memory when <= 1, else bytes); decode steps in CUDA graphs.
+  double gpu_memory = 0.9;
+  bool cuda_graphs = true;
   Profile profile = Profile::kProduction;
   IndexKeyFormat index_keys = IndexKeyFormat::kMxfp4;
   CacheWorkload workload;
@@ -88,8 +92,8 @@ class Engine {
   std::shared_ptr<const Checkpoint> checkpoint_;
   std::vector<LayerWeights> weights_;
   CacheSpec spec_;
+  std::unique_ptr<AttentionBackend> backend_;  // before blocks_: it may fix the cache limits
   BlockManager blocks_;
-  std::unique_ptr<AttentionBackend> backend_;
 };
 
 }  // namespace dsv4

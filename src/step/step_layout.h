@@ -137,11 +137,29 @@ constexpr int32_t completed_slot(const StepView& v, CacheGroup g, int run, int64
   return (pos + 1) % m == 0 ? block_table_slot(v.table(g), run, (pos + 1) / m - 1) : -1;
 }
 
-// Every derived array's row of token t: slot mappings, the window list (global
-// SWA slots of positions pos-127 .. pos, -1 padded) and the C128A list (every
-// visible compressed slot j < (pos + 1) / 128). A group without a table
-// (width 0) maps to -1.
-constexpr void derive_token(const StepView& v, int t) {
+// The derived arrays of token t, one element at a time, so the CPU can loop
+// and a GPU can spread a token's lists over threads with the same code:
+// slot mappings; the window list (global SWA slots of positions
+// pos-127 .. pos, -1 padded); the C128A list (every visible compressed slot
+// j < (pos + 1) / 128, -1 padded). A group without a table (width 0) maps to -1.
+constexpr int window_length(int64_t pos) { return pos + 1 < kWindow ? int(pos + 1) : kWindow; }
+
+constexpr int32_t window_entry(const StepView& v, int t, int i) {
+  const int64_t pos = v.positions[t];
+  const int len = window_length(pos);
+  return i < len ? block_table_slot(v.table(CacheGroup::kSwa), v.token_run[t], pos - len + 1 + i) : -1;
+}
+
+constexpr int32_t c128a_visible(const StepView& v, int t) {
+  const int64_t visible = (int64_t(v.positions[t]) + 1) / 128;
+  return visible < v.dims.c128a_width ? int32_t(visible) : v.dims.c128a_width;
+}
+
+constexpr int32_t c128a_entry(const StepView& v, int t, int j) {
+  return j < c128a_visible(v, t) ? block_table_slot(v.table(CacheGroup::kC128A), v.token_run[t], j) : -1;
+}
+
+constexpr void derive_slots(const StepView& v, int t) {
   const int r = v.token_run[t];
   const int64_t pos = v.positions[t];
   v.swa_slot[t] = block_table_slot(v.table(CacheGroup::kSwa), r, pos);
@@ -149,16 +167,24 @@ constexpr void derive_token(const StepView& v, int t) {
   v.c128a_slot[t] = completed_slot(v, CacheGroup::kC128A, r, pos);
   v.c4a_state_slot[t] = block_table_slot(v.table(CacheGroup::kC4AState), r, pos);
   v.c128a_state_slot[t] = block_table_slot(v.table(CacheGroup::kC128AState), r, pos);
-  const int len = pos + 1 < kWindow ? int(pos + 1) : kWindow;
+  v.window_lengths[t] = window_length(pos);
+  v.c128a_lengths[t] = c128a_visible(v, t);
+}
+
+// A padding row (a decode step padded to a CUDA graph's batch size): no
+// slot, empty lists, so it reads and writes nothing.
+constexpr void derive_padding_slots(const StepView& v, int t) {
+  v.swa_slot[t] = v.c4a_slot[t] = v.c128a_slot[t] = v.c4a_state_slot[t] = v.c128a_state_slot[t] = -1;
+  v.window_lengths[t] = v.c128a_lengths[t] = 0;
+}
+
+// Every derived array's row of token t (the CPU's loop body).
+constexpr void derive_token(const StepView& v, int t) {
+  derive_slots(v, t);
   int32_t* win = v.window_indices + int64_t(t) * kWindow;
-  for (int i = 0; i < kWindow; ++i)
-    win[i] = i < len ? block_table_slot(v.table(CacheGroup::kSwa), r, pos - len + 1 + i) : -1;
-  v.window_lengths[t] = len;
-  const int w = v.dims.c128a_width;
-  const int64_t visible = (pos + 1) / 128 < w ? (pos + 1) / 128 : w;
-  int32_t* list = v.c128a_indices + int64_t(t) * w;
-  for (int j = 0; j < w; ++j) list[j] = j < visible ? block_table_slot(v.table(CacheGroup::kC128A), r, j) : -1;
-  v.c128a_lengths[t] = w > 0 ? int32_t(visible) : 0;
+  for (int i = 0; i < kWindow; ++i) win[i] = window_entry(v, t, i);
+  int32_t* list = v.c128a_indices + int64_t(t) * v.dims.c128a_width;
+  for (int j = 0; j < v.dims.c128a_width; ++j) list[j] = c128a_entry(v, t, j);
 }
 
 }  // namespace dsv4
