@@ -243,9 +243,6 @@ __global__ void __launch_bounds__(kGemvThreads, MT <= 4 ? 2 : 1) gemv_kernel(con
   const int xs_words = T * xstride;
   float* xsc = reinterpret_cast<float*>(smem + (xs_words > T * kCtStride ? xs_words : T * kCtStride));
 
-  stage_activation<W, T>(a, xs, xstride, xsc, kc, group * a.k + k0);
-  __syncthreads();
-
   // This thread's two weight rows (clamped into the matrix; rows past n are never written).
   const int64_t ra = row0 + 16 * warp + g;
   const int64_t rbw = ra + 8;
@@ -324,12 +321,15 @@ __global__ void __launch_bounds__(kGemvThreads, MT <= 4 ? 2 : 1) gemv_kernel(con
     }
   };
 
-  // kGemvDepth stages in flight: stage st lives in buf[st % kGemvDepth].
+  // kGemvDepth stages in flight: stage st lives in buf[st % kGemvDepth]. The
+  // first loads do not need the activation: they fly while it is staged.
   const int stages = kc / kStage;
   uint4 buf[kGemvDepth][4];
 #pragma unroll
   for (int i = 0; i < kGemvDepth - 1; ++i)
     if (i < stages) load_stage(buf[i], i);
+  stage_activation<W, T>(a, xs, xstride, xsc, kc, group * a.k + k0);
+  __syncthreads();
   for (int base = 0; base < stages; base += kGemvDepth) {
 #pragma unroll
     for (int i = 0; i < kGemvDepth; ++i) {

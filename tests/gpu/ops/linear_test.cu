@@ -186,18 +186,23 @@ std::vector<float> dequantized(const std::vector<WeightMatrix>& parts) {
 
 // ---- references ---------------------------------------------------------------
 
-// c = x w^T and s = |x| |w|^T for x [m, k] (row stride ldx), w [n, k]:
-// c and s at column offset col0 of rows of stride ldo.
-void reference(const float* x, int64_t ldx, int m, const float* w, int64_t n, int64_t k, float* c, float* s,
-               int64_t ldo) {
+std::vector<float> absolute(const std::vector<float>& v) {
+  std::vector<float> a(v.size());
+  for (size_t i = 0; i < v.size(); ++i) a[i] = std::fabs(v[i]);
+  return a;
+}
+
+// c = x w^T and s = |x| |w|^T for x [m, k] (row stride ldx), w [n, k] (aw =
+// |w|), into rows of stride ldo.
+void reference(const float* x, int64_t ldx, int m, const float* w, const float* aw, int64_t n, int64_t k, float* c,
+               float* s, int64_t ldo) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, int(n), int(k), 1.0f, x, int(ldx), w, int(k), 0.0f, c,
               int(ldo));
-  std::vector<float> ax(size_t(m) * size_t(k)), aw(size_t(n * k));
+  std::vector<float> ax(size_t(m) * size_t(k));
   for (int r = 0; r < m; ++r)
     for (int64_t i = 0; i < k; ++i) ax[size_t(r * k + i)] = std::fabs(x[r * ldx + i]);
-  for (size_t i = 0; i < aw.size(); ++i) aw[i] = std::fabs(w[i]);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, int(n), int(k), 1.0f, ax.data(), int(k), aw.data(), int(k),
-              0.0f, s, int(ldo));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, int(n), int(k), 1.0f, ax.data(), int(k), aw, int(k), 0.0f,
+              s, int(ldo));
 }
 
 std::vector<float> fake_quantized(std::vector<float> x) {
@@ -336,7 +341,7 @@ void check_fp8_linear(const std::string& name, const std::vector<WeightMatrix>& 
   LinearWorkspace ws({gpu.needs(max_m)});
   std::vector<Linear> cpu;
   for (const WeightMatrix& w : parts) cpu.emplace_back(&w, LinearMode::kFp8, true);
-  const std::vector<float> w = dequantized(parts);
+  const std::vector<float> w = dequantized(parts), aw = absolute(w);
   const int64_t ldy = n + 8;
 
   for (int m : ms) {
@@ -352,7 +357,7 @@ void check_fp8_linear(const std::string& name, const std::vector<WeightMatrix>& 
     // References: fp32 sums of the quantized products, sum |x w|, the CPU twin.
     const std::vector<float> xq = fake_quantized(x);
     std::vector<float> c(size_t(m) * size_t(n)), s(c.size()), ycpu(size_t(m) * size_t(n));
-    reference(xq.data(), k, m, w.data(), n, k, c.data(), s.data(), n);
+    reference(xq.data(), k, m, w.data(), aw.data(), n, k, c.data(), s.data(), n);
     int64_t col = 0;
     for (size_t p = 0; p < parts.size(); ++p) {
       cpu[p].forward(x.data(), int(k), m, ycpu.data() + col, int(n), Profile::kProduction);
@@ -508,7 +513,7 @@ void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, 
     cpu_bf16.emplace_back(&wm, LinearMode::kBf16, true, g * n_g, n_g);
     cpu_fp8.emplace_back(&wm, LinearMode::kFp8, true, g * n_g, n_g);
   }
-  const std::vector<float> w = wm.dequantize();
+  const std::vector<float> w = wm.dequantize(), aw = absolute(w);
   const int64_t kin = groups * k_g, nout = groups * n_g, ldx = kin + 8, ldy = nout + 8;
 
   struct Variant {
@@ -531,9 +536,9 @@ void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, 
     std::vector<float> c(size_t(m) * size_t(nout)), s(c.size()), cq(c.size()), sq(c.size()), ycpu(c.size()),
         ycpu_q(c.size());
     for (int g = 0; g < groups; ++g) {
-      const float* wg = w.data() + g * n_g * k_g;
-      reference(x.data() + g * k_g, kin, m, wg, n_g, k_g, c.data() + g * n_g, s.data() + g * n_g, nout);
-      reference(xq.data() + g * k_g, kin, m, wg, n_g, k_g, cq.data() + g * n_g, sq.data() + g * n_g, nout);
+      const float *wg = w.data() + g * n_g * k_g, *ag = aw.data() + g * n_g * k_g;
+      reference(x.data() + g * k_g, kin, m, wg, ag, n_g, k_g, c.data() + g * n_g, s.data() + g * n_g, nout);
+      reference(xq.data() + g * k_g, kin, m, wg, ag, n_g, k_g, cq.data() + g * n_g, sq.data() + g * n_g, nout);
       cpu_bf16[size_t(g)].forward(x.data() + g * k_g, int(kin), m, ycpu.data() + g * n_g, int(nout),
                                   Profile::kProduction);
       cpu_fp8[size_t(g)].forward(x.data() + g * k_g, int(kin), m, ycpu_q.data() + g * n_g, int(nout),
@@ -607,7 +612,7 @@ void check_bf16_linear(const std::string& name, const std::vector<WeightMatrix>&
     cpu_f32.emplace_back(&w, LinearMode::kF32, true);
     cpu_bf16.emplace_back(&w, LinearMode::kBf16, true);
   }
-  const std::vector<float> w = dequantized(parts);
+  const std::vector<float> w = dequantized(parts), aw = absolute(w);
   const int64_t ldx = k + 8, ldy = n + 4;
   for (int m : ms) {
     const std::string at = name + " m=" + std::to_string(m);
@@ -616,7 +621,7 @@ void check_bf16_linear(const std::string& name, const std::vector<WeightMatrix>&
     for (int r = 0; r < m; ++r) std::copy_n(x.begin() + r * k, k, xs.begin() + r * ldx);
     DeviceArray<uint16_t> xd(to_bf16(xs));
     std::vector<float> c(size_t(m) * size_t(n)), s(c.size()), y32(c.size()), y16(c.size());
-    reference(x.data(), k, m, w.data(), n, k, c.data(), s.data(), n);
+    reference(x.data(), k, m, w.data(), aw.data(), n, k, c.data(), s.data(), n);
     int64_t col = 0;
     for (size_t p = 0; p < parts.size(); ++p) {
       cpu_f32[p].forward(x.data(), int(k), m, y32.data() + col, int(n), Profile::kProduction);
@@ -690,6 +695,82 @@ TEST_F(LinearCudaTest, Bf16FlashCompressorStack) {
   parts.push_back(random_bf16("indexer.compressor.wgate", 256, 4096, rng));
   parts.push_back(random_bf16("indexer.weights_proj", 64, 4096, rng));
   check_bf16_linear("bf16 stack 2624x4096", parts, {1, 8, 64, 512}, 46);
+}
+
+// ---- subnormal codes ------------------------------------------------------------------
+
+// Outputs made only of e4m3 subnormal codes: every weight code is subnormal
+// (or zero), and every activation block has one large element, at a column
+// where the weight is zero, so the block's other elements quantize to
+// subnormal codes. A path that flushes subnormal operands (f16 / bf16 MMA
+// inputs, the bf16 decoder's multiply) outputs zeros here; with random data
+// their share of an output is far below the bf16 rounding.
+TEST_F(LinearCudaTest, SubnormalCodesAreExact) {
+  std::mt19937_64 rng(71);
+  const int64_t n = 256, k = 256;
+  WeightMatrix w;
+  w.name = "subnormal";
+  w.rows = n, w.cols = k, w.dtype = DType::kF8E4M3;
+  w.owned.resize(size_t(n * k));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c)
+      w.owned[size_t(r * k + c)] = c % 128 == 0 ? 0 : uint8_t((rng() % 2 ? 0x80 : 0) | (1 + rng() % 7));
+  w.data = w.owned;
+  for (int64_t b = 0; b < 4; ++b) w.block_scales.push_back(std::ldexp(1.0f, -2 - int(b)));
+  const int m = 16, groups = 2;
+  auto activation = [&](int64_t cols) {
+    std::vector<float> x(size_t(m) * size_t(cols));
+    for (int r = 0; r < m; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float tiny = std::ldexp(1.0f + float(rng() % 1024) / 1024.0f, -16) * (rng() % 2 ? -1.0f : 1.0f);
+        x[size_t(r * cols + c)] = round_bf16(c % 128 == 0 ? 1.0f : tiny);
+      }
+    return x;
+  };
+  const std::vector<float> wf = w.dequantize(), awf = absolute(wf);
+
+  // FP8 x FP8: both operands subnormal codes.
+  {
+    Fp8Linear gpu(w);
+    LinearWorkspace ws({gpu.needs(m)});
+    const std::vector<float> x = activation(k), xq = fake_quantized(x);
+    std::vector<float> c(size_t(m * n)), s(c.size());
+    reference(xq.data(), k, m, wf.data(), awf.data(), n, k, c.data(), s.data(), n);
+    DeviceArray<uint16_t> xd(to_bf16(x));
+    DeviceAct act(m, k, m);
+    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
+    for (LinearPath path : {LinearPath::kSmallM, LinearPath::kCublas}) {
+      gpu.set_options({path, 32});
+      DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m * n), kPoison16));
+      gpu.forward(Fp8Act(act.out()), y.get(), n, ws, nullptr);
+      sync();
+      const std::string label = std::string("subnormal fp8 ") + (path == LinearPath::kCublas ? "cublas" : "own");
+      EXPECT_EQ(gpu.last_route().cublas_rows, path == LinearPath::kCublas ? m : 0) << label << gpu.last_route().note;
+      expect_close(label, bf16_values(y.download()), n, c, n, s, m, n, 0x1p-8, 0.0,
+                   row_bounds(gpu.last_route(), m, kECublasFp8));
+    }
+  }
+  // FP8 weight x bf16: the weight's subnormal codes through the bf16 decoder.
+  {
+    W8A16GroupedLinear gpu(w, groups);
+    LinearWorkspace ws({gpu.needs(m)});
+    const int64_t kin = groups * k, nout = n, n_g = n / groups;
+    const std::vector<float> x = activation(kin);
+    std::vector<float> c(size_t(m * nout)), s(c.size());
+    for (int g = 0; g < groups; ++g)
+      reference(x.data() + g * k, kin, m, wf.data() + g * n_g * k, awf.data() + g * n_g * k, n_g, k, c.data() + g * n_g,
+                s.data() + g * n_g, nout);
+    DeviceArray<uint16_t> xd(to_bf16(x));
+    for (LinearPath path : {LinearPath::kSmallM, LinearPath::kCublas}) {
+      gpu.set_options({{path, 32}});
+      DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m * nout), kPoison16));
+      gpu.forward(xd.get(), kin, m, y.get(), nout, nullptr, ws, nullptr);
+      sync();
+      const std::string label = std::string("subnormal w8a16 ") + (path == LinearPath::kCublas ? "cublas" : "own");
+      expect_close(label, bf16_values(y.download()), nout, c, nout, s, m, nout, 0x1p-8, 0.0,
+                   row_bounds(gpu.last_route(), m, kECublasBf16));
+    }
+  }
 }
 
 // ---- no-ops, bad shapes, graphs ---------------------------------------------------
