@@ -6,6 +6,14 @@
 // Scale layout: block kb of row m has its scale at scales[kb * scale_ld + m]
 // ("M-major": one column of scales per 128-wide block of K), the layout
 // cuBLASLt's VEC128_32F mode reads; scale_ld >= rows.
+//
+// What the linears (attn/cuda/linear.h) need of an activation they read:
+// data 16-byte aligned with ld a multiple of 16 (16-byte loads), scales
+// 4-byte aligned. cuBLASLt (large M) reads the scales in place when
+// scale_ld == rows, rows is a multiple of 8 and scales is 16-byte aligned:
+// a producer that writes into a buffer sized for its largest row count
+// should use scale_ld = rows of the call. Any other scale_ld works but costs
+// the linear one small repack kernel on its cuBLASLt path.
 #include <cstdint>
 
 namespace dsv4::cuda {

@@ -1,0 +1,130 @@
+// Fp8Linear and the FP8 product it shares with wo_a's fp8_input mode.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "attn/cuda/linear.h"
+#include "attn/cuda/linear_fp8_product.h"
+#include "common/error.h"
+#include "model/weights.h"
+
+namespace dsv4::cuda {
+namespace detail {
+
+bool wants_cublas(const LinearOptions& opt, int m) {
+  return opt.path == LinearPath::kCublas || (opt.path == LinearPath::kAuto && m > opt.small_m_max);
+}
+
+int Fp8Product::cublas_rows(const Fp8Act& x, const uint16_t* y, int64_t ldy, const LinearWorkspace& ws,
+                            LinearRoute& route, LtMatmul*& plan) {
+  const int rows = x.rows & ~7;
+  const int64_t group_out = w_->rows / groups_;
+  if (rows == 0) {
+    route.note = "cuBLASLt takes block-scaled FP8 rows in multiples of 8";
+    return 0;
+  }
+  if (group_out % 8 != 0 || ldy % 8 != 0 || !aligned(y, 16)) {
+    route.note = "cuBLASLt needs 8 | output columns, 8 | ldy and a 16-byte aligned output";
+    return 0;
+  }
+  LtProblem p;
+  p.kind = LtKind::kFp8BlockScaled;
+  p.m = group_out, p.n = rows, p.k = w_->cols;
+  p.lda = w_->cols, p.ldb = x.ld, p.ldd = ldy;
+  p.workspace_bytes = ws.cublas_bytes();
+  plan = &plans_.get(p);
+  if (!plan->supported()) {
+    route.note = plan->reason();
+    return 0;
+  }
+  if (rows < x.rows) route.note = "the last " + std::to_string(x.rows - rows) + " rows: cuBLASLt takes multiples of 8";
+  return rows;
+}
+
+void Fp8Product::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const LinearOptions& opt,
+                         const LinearWorkspace& ws, float* repack, CUstream_st* stream, LinearRoute& route) {
+  route = LinearRoute{};
+  route.rows = x.rows;
+  if (x.rows == 0) return;
+  const int64_t group_out = w_->rows / groups_, kb = w_->cols / 128;
+  int lt_rows = 0;
+  LtMatmul* plan = nullptr;
+  if (wants_cublas(opt, x.rows)) lt_rows = cublas_rows(x, y, ldy, ws, route, plan);
+  if (lt_rows > 0) {
+    // cuBLASLt reads scale(m, kb) at [kb * rows + m]: repack unless x already is so.
+    const float* scales = x.scales;
+    if (x.scale_ld != lt_rows || !aligned(x.scales, 16)) {
+      launch_repack_scales(x.scales, x.scale_ld, repack, lt_rows, int(groups_ * kb), stream);
+      scales = repack;
+    }
+    for (int g = 0; g < groups_; ++g)
+      plan->run(w_->codes() + g * group_out * w_->cols, w_->block_scales() + g * (group_out / 128) * w_->scale_ld,
+                x.data + g * w_->cols, scales + g * kb * lt_rows, y + g * group_out, ws.cublas(), stream);
+    route.cublas_rows = lt_rows;
+  }
+  if (lt_rows == x.rows) return;
+  GemvArgs a;
+  a.kind = GemvWeight::kFp8;
+  a.w = w_->codes(), a.w_scales = w_->block_scales(), a.w_scale_ld = w_->scale_ld;
+  a.n = w_->rows, a.k = w_->cols, a.group_rows = group_out;
+  a.x = x.data + int64_t(lt_rows) * x.ld, a.ldx = x.ld;
+  a.x_scales = x.scales + lt_rows, a.x_scale_ld = x.scale_ld;
+  a.y = y + int64_t(lt_rows) * ldy, a.ldy = ldy;
+  run_gemv(a, x.rows - lt_rows, ws, stream, route);
+}
+
+LinearNeeds Fp8Product::needs(int max_m) const {
+  LinearNeeds n = gemv_needs(GemvWeight::kFp8, w_->rows, w_->cols, max_m);
+  n.scratch_bytes = size_t(repack_floats(max_m)) * sizeof(float);
+  return n;
+}
+
+}  // namespace detail
+
+struct Fp8Linear::Impl {
+  detail::Fp8Weight w;
+  std::unique_ptr<detail::Fp8Product> product;
+  LinearOptions options;
+  LinearRoute route;
+};
+
+Fp8Linear::Fp8Linear(std::span<const WeightMatrix* const> parts, const LinearOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  const std::string who = "Fp8Linear";
+  impl_->w = detail::upload_fp8(parts, who);
+  impl_->product = std::make_unique<detail::Fp8Product>(&impl_->w, 1, who);
+  impl_->options = options;
+  detail::gemv_prepare();
+}
+
+Fp8Linear::Fp8Linear(const WeightMatrix& w, const LinearOptions& options)
+    : Fp8Linear(std::span<const WeightMatrix* const>(std::vector<const WeightMatrix*>{&w}), options) {}
+
+Fp8Linear::~Fp8Linear() = default;
+Fp8Linear::Fp8Linear(Fp8Linear&&) noexcept = default;
+Fp8Linear& Fp8Linear::operator=(Fp8Linear&&) noexcept = default;
+
+void Fp8Linear::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, LinearWorkspace& ws, CUstream_st* stream) {
+  const std::string who = "Fp8Linear";
+  check_fp8_act(x, who);
+  if (x.rows == 0) {
+    impl_->route = LinearRoute{};
+    return;
+  }
+  require(x.cols == in_features(), who + ": activation has " + std::to_string(x.cols) + " columns, the weight " +
+                                       std::to_string(in_features()));
+  require(y != nullptr && detail::aligned(y, 2), who + ": output is null or misaligned");
+  require(ldy >= out_features(), who + ": output row stride smaller than the output columns");
+  ws.require(needs(x.rows), who);
+  impl_->product->forward(x, y, ldy, impl_->options, ws, static_cast<float*>(ws.scratch()), stream, impl_->route);
+}
+
+int64_t Fp8Linear::in_features() const { return impl_->w.cols; }
+int64_t Fp8Linear::out_features() const { return impl_->w.rows; }
+LinearNeeds Fp8Linear::needs(int max_m) const { return impl_->product->needs(max_m); }
+const LinearOptions& Fp8Linear::options() const { return impl_->options; }
+void Fp8Linear::set_options(const LinearOptions& options) { impl_->options = options; }
+const LinearRoute& Fp8Linear::last_route() const { return impl_->route; }
+size_t Fp8Linear::device_bytes() const { return impl_->w.data.size() + impl_->w.scales.size(); }
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,400 @@
+#pragma once
+// The linears' small-M kernel (M <= 64 rows of activation per launch).
+//
+// A CTA of 8 warps owns 128 weight rows (one row block of the 128x128 weight
+// scales) and a slice of k (split-K over blockIdx.y). Each warp streams its
+// 16 rows with 16-byte loads (3 stages in flight) and multiplies them on the
+// tensor cores (mma.m16n8k16) with the activation slice, which the CTA first
+// decodes into shared memory. The weight is the MMA's A operand (16 rows), the
+// activation rows are B's columns (8 per tile, MT tiles).
+//
+// Exact operands. FP8 x FP8: both sides are decoded to f16 by bit moves that
+// give the e4m3 value times 2^-8 exactly (subnormals included); the products
+// are exact in the fp32 accumulator and each 128-wide block's sum is scaled by
+// sx * sw * 2^16 (powers of two) into the running sum. FP8 weight x bf16: the
+// weight becomes bf16 (bits times 2^-120, then one exact bf16 multiply by
+// 2^120), so the MMA multiplies the dequantized bf16 weight. bf16 x bf16: as is.
+//
+// K order. Inside a 16-byte load each thread holds 4 consecutive k per step
+// (physical k 4q..4q+3); the MMA only needs A and B to agree on which k sits
+// where, so the decoders pair (4q, 4q+2) and (4q+1, 4q+3) and the activation
+// is stored in shared memory in the same pairing: word 2q and 2q+1 of a row.
+//
+// Split-K: with splits > 1 every CTA writes its partial tile to the workspace,
+// and the last CTA of a row block (arrival counter) sums the splits in the
+// fixed order 0..splits-1, writes the outputs and resets the counter.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attn/cuda/act_quant.cuh"
+#include "attn/cuda/linear_internal.h"
+#include "attn/cuda/warp.cuh"
+
+namespace dsv4::cuda::detail {
+
+inline constexpr int kGemvWarps = 8;
+inline constexpr int kGemvThreads = 32 * kGemvWarps;
+inline constexpr int kCtStride = kGemvCtaRows + 4;  // floats per row of the output tile in shared memory
+inline constexpr int kGemvDepth = 3;                // stages of weight loads in flight per thread
+
+// ---- exact decoders --------------------------------------------------------
+
+// e4m3 bytes (b0 lowest) of w: (b0, b2) and (b1, b3) as f16x2 holding the
+// values times 2^-8. The e4m3 exponent and mantissa bits are the f16's low
+// exponent and high mantissa bits; only the sign moves.
+__device__ __forceinline__ uint32_t e4m3_even_f16(uint32_t w) {
+  const uint32_t v = (w & 0x00ff00ffu) << 7;  // sign lands on bit 14 (30): carry it into bit 15 (31)
+  return v + (v & 0x40004000u);
+}
+__device__ __forceinline__ uint32_t e4m3_odd_f16(uint32_t w) { return ((w >> 1) & 0x3f803f80u) | (w & 0x80008000u); }
+
+// The same pairs as bf16x2 holding the values exactly: the bits give the
+// value times 2^-120 (e4m3 subnormals become bf16 subnormals), and one exact
+// bf16 multiply by 2^120 restores it.
+__device__ __forceinline__ uint32_t bf16x2_times_2p120(uint32_t v) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(0x7b807b80u));
+  return r;
+}
+__device__ __forceinline__ uint32_t e4m3_even_bf16(uint32_t w) {
+  return bf16x2_times_2p120(((w & 0x007f007fu) << 4) | ((w & 0x00800080u) << 8));
+}
+__device__ __forceinline__ uint32_t e4m3_odd_bf16(uint32_t w) {
+  return bf16x2_times_2p120(((w >> 4) & 0x07f007f0u) | (w & 0x80008000u));
+}
+
+// ---- MMA and loads ---------------------------------------------------------
+
+template <bool kBf16>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kBf16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Weights are read once per call: keep them out of L1.
+__device__ __forceinline__ uint4 load_weight16(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
+// ---- per-kind constants ----------------------------------------------------
+
+template <GemvWeight W>
+struct GemvKind;
+template <>
+struct GemvKind<GemvWeight::kFp8> {
+  static constexpr int kElemBytes = 1;
+  static constexpr int kChunkK = 64;   // k of one 16-byte load per thread, 4 threads per row
+  static constexpr bool kBf16Mma = false;
+  static constexpr bool kScaled = true;
+  static constexpr int kPadWords = 2;  // 8-byte reads per thread and step: row stride 2 mod 32 words
+};
+template <>
+struct GemvKind<GemvWeight::kW8A16> {
+  static constexpr int kElemBytes = 1;
+  static constexpr int kChunkK = 64;
+  static constexpr bool kBf16Mma = true;
+  static constexpr bool kScaled = true;
+  static constexpr int kPadWords = 2;
+};
+template <>
+struct GemvKind<GemvWeight::kBf16> {
+  static constexpr int kElemBytes = 2;
+  static constexpr int kChunkK = 32;
+  static constexpr bool kBf16Mma = true;
+  static constexpr bool kScaled = false;
+  static constexpr int kPadWords = 16;  // one 16-byte read per thread and chunk: stride 16 mod 32 words
+};
+
+// A stage: two rows x two chunks of 16-byte loads per thread.
+template <GemvWeight W>
+inline constexpr int kStageK = 2 * GemvKind<W>::kChunkK;
+
+// Shared memory: the decoded activation slice [8 MT][kc / 2 + pad] words
+// (reused for the fp32 output tile), then its scales [8 MT][kc / 128].
+template <GemvWeight W>
+constexpr size_t gemv_smem_bytes(int tile_rows, int64_t kc) {
+  const size_t xs = size_t(tile_rows) * size_t(kc / 2 + GemvKind<W>::kPadWords);
+  const size_t ct = size_t(tile_rows) * size_t(kCtStride);
+  const size_t sc = W == GemvWeight::kFp8 ? size_t(tile_rows) * size_t(kc / 128) : 0;
+  return 4 * ((xs > ct ? xs : ct) + sc);
+}
+
+// ---- the kernel --------------------------------------------------------------
+
+// Decodes this CTA's activation slice (columns xcol0 .. xcol0 + kc of rows
+// < m; zeros for the tile's other rows) into shared memory.
+template <GemvWeight W, int T>
+__device__ __forceinline__ void stage_activation(const GemvArgs& a, uint32_t* xs, int xstride, float* xsc, int kc,
+                                                 int64_t xcol0) {
+  if constexpr (W == GemvWeight::kFp8) {
+    const int pieces = kc / 16;  // 16 e4m3 -> 8 words
+    for (int i = threadIdx.x; i < T * pieces; i += kGemvThreads) {
+      const int r = i / pieces, p = i - r * pieces;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < a.m)
+        v = *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.x) + int64_t(r) * a.ldx + xcol0 + 16 * p);
+      uint2* dst = reinterpret_cast<uint2*>(xs + r * xstride + 8 * p);  // rows are only 8-byte aligned
+      dst[0] = make_uint2(e4m3_even_f16(v.x), e4m3_odd_f16(v.x));
+      dst[1] = make_uint2(e4m3_even_f16(v.y), e4m3_odd_f16(v.y));
+      dst[2] = make_uint2(e4m3_even_f16(v.z), e4m3_odd_f16(v.z));
+      dst[3] = make_uint2(e4m3_even_f16(v.w), e4m3_odd_f16(v.w));
+    }
+    const int kbc = kc / 128;
+    const int64_t kb0 = xcol0 / 128;
+    for (int i = threadIdx.x; i < T * kbc; i += kGemvThreads) {
+      const int r = i / kbc, kb = i - r * kbc;
+      xsc[i] = r < a.m ? a.x_scales[(kb0 + kb) * a.x_scale_ld + r] : 0.0f;
+    }
+  } else {
+    const int pieces = kc / 8;  // 8 bf16 -> 4 words
+    for (int i = threadIdx.x; i < T * pieces; i += kGemvThreads) {
+      const int r = i / pieces, p = i - r * pieces;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < a.m) {
+        v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + int64_t(r) * a.ldx + xcol0 + 8 * p);
+        if constexpr (W == GemvWeight::kW8A16) {  // pair (4q, 4q+2) and (4q+1, 4q+3) like the weight decoder
+          v = make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632), __byte_perm(v.z, v.w, 0x5410),
+                         __byte_perm(v.z, v.w, 0x7632));
+        }
+      }
+      *reinterpret_cast<uint4*>(xs + r * xstride + 4 * p) = v;
+    }
+  }
+}
+
+// Sums the splits of this row block in fixed order; false for every CTA but
+// the last to arrive. ct holds this CTA's partial tile on entry and the total
+// on return (true).
+__device__ __forceinline__ bool reduce_splits(const GemvArgs& a, float* ct) {
+  __shared__ int is_last;
+  const int rb = blockIdx.x, nrb = gridDim.x;
+  const int tile = a.m * kGemvCtaRows;
+  float* mine = a.partials + (size_t(blockIdx.y) * nrb + rb) * size_t(tile);
+  for (int i = threadIdx.x; i < tile; i += kGemvThreads) mine[i] = ct[(i >> 7) * kCtStride + (i & 127)];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&a.counters[rb], 1u) == unsigned(a.splits - 1);
+  __syncthreads();
+  if (!is_last) return false;
+  __threadfence();
+  for (int i = threadIdx.x; i < tile; i += kGemvThreads) {
+    float s = 0.0f;
+    for (int sp = 0; sp < a.splits; ++sp) s += __ldcg(a.partials + (size_t(sp) * nrb + rb) * size_t(tile) + i);
+    ct[(i >> 7) * kCtStride + (i & 127)] = s;
+  }
+  if (threadIdx.x == 0) a.counters[rb] = 0;  // ready for the next call
+  __syncthreads();
+  return true;
+}
+
+// Writes y (and q) from the finished tile ct.
+__device__ __forceinline__ void write_outputs(const GemvArgs& a, const float* ct) {
+  const int64_t col0 = int64_t(blockIdx.x) * kGemvCtaRows;
+  const int cols = int(a.n - col0 < kGemvCtaRows ? a.n - col0 : kGemvCtaRows);
+  for (int i = threadIdx.x; i < a.m * kGemvCtaRows; i += kGemvThreads) {
+    const int r = i >> 7, c = i & 127;
+    if (c >= cols) continue;
+    const float v = ct[r * kCtStride + c];
+    if (a.y_f32)
+      static_cast<float*>(a.y)[r * a.ldy + col0 + c] = v;
+    else
+      static_cast<uint16_t*>(a.y)[r * a.ldy + col0 + c] = bf16_store(v);
+  }
+  if (a.quantize) {  // the host guarantees whole 128-column blocks
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int r = warp; r < a.m; r += kGemvWarps) {
+      const float4 f = *reinterpret_cast<const float4*>(ct + r * kCtStride + 4 * lane);
+      const float v[4] = {bf16_round(f.x), bf16_round(f.y), bf16_round(f.z), bf16_round(f.w)};
+      store_act_block(a.q, r, int(blockIdx.x), v);
+    }
+  }
+}
+
+template <GemvWeight W, int MT>
+__global__ void __launch_bounds__(kGemvThreads, MT <= 4 ? 2 : 1) gemv_kernel(const GemvArgs a) {
+  using Kind = GemvKind<W>;
+  constexpr int T = 8 * MT;
+  constexpr int kStage = kStageK<W>;
+  extern __shared__ __align__(16) uint32_t smem[];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int kc = int(a.k / a.splits);
+  const int64_t k0 = int64_t(blockIdx.y) * kc;
+  const int64_t row0 = int64_t(blockIdx.x) * kGemvCtaRows;
+  const int64_t group = row0 / a.group_rows;
+  const int xstride = kc / 2 + Kind::kPadWords;
+  uint32_t* xs = smem;
+  const int xs_words = T * xstride;
+  float* xsc = reinterpret_cast<float*>(smem + (xs_words > T * kCtStride ? xs_words : T * kCtStride));
+
+  // This thread's two weight rows (clamped into the matrix; rows past n are never written).
+  const int64_t ra = row0 + 16 * warp + g;
+  const int64_t rbw = ra + 8;
+  const uint8_t* wbase = static_cast<const uint8_t*>(a.w);
+  const int64_t row_bytes = a.k * Kind::kElemBytes;
+  const uint8_t* wa = wbase + (ra < a.n ? ra : a.n - 1) * row_bytes + k0 * Kind::kElemBytes + 16 * t;
+  const uint8_t* wb = wbase + (rbw < a.n ? rbw : a.n - 1) * row_bytes + k0 * Kind::kElemBytes + 16 * t;
+  const float* wscale = Kind::kScaled ? a.w_scales + int64_t(blockIdx.x) * a.w_scale_ld + k0 / 128 : nullptr;
+
+  float acc[MT][4];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  auto load_stage = [&](uint4 (&v)[4], int st) {
+    const int64_t off = int64_t(st) * kStage * Kind::kElemBytes;
+    constexpr int64_t kChunkBytes = Kind::kChunkK * Kind::kElemBytes;
+    v[0] = load_weight16(wa + off);
+    v[1] = load_weight16(wb + off);
+    v[2] = load_weight16(wa + off + kChunkBytes);
+    v[3] = load_weight16(wb + off + kChunkBytes);
+  };
+
+  auto compute_stage = [&](const uint4 (&v)[4], int st) {
+    float cb[MT][4];  // this 128-block's sums (scaled kinds)
+#pragma unroll
+    for (int j = 0; j < MT; ++j) cb[j][0] = cb[j][1] = cb[j][2] = cb[j][3] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const uint4 va = v[2 * c], vb = v[2 * c + 1];
+      // First word of this thread's k group in an activation row.
+      const int w0 = 2 * ((st * kStage + c * Kind::kChunkK + (Kind::kChunkK / 4) * t) / 4);
+      if constexpr (Kind::kElemBytes == 1) {
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const uint32_t ua = word_of(va, s), ub = word_of(vb, s);
+          uint32_t af[4];
+          if constexpr (Kind::kBf16Mma) {
+            af[0] = e4m3_even_bf16(ua), af[1] = e4m3_even_bf16(ub), af[2] = e4m3_odd_bf16(ua), af[3] = e4m3_odd_bf16(ub);
+          } else {
+            af[0] = e4m3_even_f16(ua), af[1] = e4m3_even_f16(ub), af[2] = e4m3_odd_f16(ua), af[3] = e4m3_odd_f16(ub);
+          }
+#pragma unroll
+          for (int j = 0; j < MT; ++j) {
+            const uint2 xb = *reinterpret_cast<const uint2*>(xs + (8 * j + g) * xstride + w0 + 2 * s);
+            mma16816<Kind::kBf16Mma>(cb[j], af, xb.x, xb.y);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+          const uint4 xb = *reinterpret_cast<const uint4*>(xs + (8 * j + g) * xstride + w0);
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            const uint32_t af[4] = {word_of(va, 2 * s), word_of(vb, 2 * s), word_of(va, 2 * s + 1),
+                                    word_of(vb, 2 * s + 1)};
+            mma16816<true>(acc[j], af, word_of(xb, 2 * s), word_of(xb, 2 * s + 1));
+          }
+        }
+      }
+    }
+    if constexpr (Kind::kScaled) {
+      const float sw = wscale[st];
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        float s0 = sw, s1 = sw;
+        if constexpr (W == GemvWeight::kFp8) {  // 2^16 undoes the decoders' 2^-8 on both sides
+          const int kbc = kc / 128;
+          s0 = xsc[(8 * j + 2 * t) * kbc + st] * sw * 65536.0f;
+          s1 = xsc[(8 * j + 2 * t + 1) * kbc + st] * sw * 65536.0f;
+        }
+        acc[j][0] = fmaf(cb[j][0], s0, acc[j][0]);
+        acc[j][1] = fmaf(cb[j][1], s1, acc[j][1]);
+        acc[j][2] = fmaf(cb[j][2], s0, acc[j][2]);
+        acc[j][3] = fmaf(cb[j][3], s1, acc[j][3]);
+      }
+    }
+  };
+
+  // kGemvDepth stages in flight: stage st lives in buf[st % kGemvDepth]. The
+  // first loads do not need the activation: they fly while it is staged.
+  const int stages = kc / kStage;
+  uint4 buf[kGemvDepth][4];
+#pragma unroll
+  for (int i = 0; i < kGemvDepth - 1; ++i)
+    if (i < stages) load_stage(buf[i], i);
+  stage_activation<W, T>(a, xs, xstride, xsc, kc, group * a.k + k0);
+  __syncthreads();
+  for (int base = 0; base < stages; base += kGemvDepth) {
+#pragma unroll
+    for (int i = 0; i < kGemvDepth; ++i) {
+      const int st = base + i;
+      if (st < stages) {
+        if (st + kGemvDepth - 1 < stages) load_stage(buf[(i + kGemvDepth - 1) % kGemvDepth], st + kGemvDepth - 1);
+        compute_stage(buf[i], st);
+      }
+    }
+  }
+
+  // The tile [T activation rows][128 weight rows] in shared memory, over the activation slice.
+  __syncthreads();
+  float* ct = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) ct[(8 * j + 2 * t + e) * kCtStride + 16 * warp + g + 8 * h] = acc[j][2 * h + e];
+  __syncthreads();
+  if (a.splits > 1 && !reduce_splits(a, ct)) return;
+  write_outputs(a, ct);
+}
+
+// Launch of one instantiation (the host code checked the arguments).
+template <GemvWeight W, int MT>
+void gemv_launch_mt(const GemvArgs& a, cudaStream_t stream) {
+  const int64_t nrb = (a.n + kGemvCtaRows - 1) / kGemvCtaRows;
+  const size_t smem = gemv_smem_bytes<W>(8 * MT, a.k / a.splits);
+  gemv_kernel<W, MT><<<dim3(unsigned(nrb), unsigned(a.splits)), kGemvThreads, smem, stream>>>(a);
+}
+
+// Allows the largest shared-memory slice this instantiation can be launched with.
+template <GemvWeight W, int MT>
+cudaError_t gemv_configure_mt() {
+  const size_t smem = gemv_smem_bytes<W>(8 * MT, gemv_max_cta_k(8 * MT));
+  return cudaFuncSetAttribute(gemv_kernel<W, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+}
+
+template <GemvWeight W>
+void gemv_launch_kind(const GemvArgs& a, cudaStream_t stream) {
+  switch (gemv_tile_rows(a.m)) {
+    case 8: gemv_launch_mt<W, 1>(a, stream); break;
+    case 16: gemv_launch_mt<W, 2>(a, stream); break;
+    case 32: gemv_launch_mt<W, 4>(a, stream); break;
+    default: gemv_launch_mt<W, 8>(a, stream); break;
+  }
+}
+
+template <GemvWeight W>
+cudaError_t gemv_configure_kind() {
+  cudaError_t e = gemv_configure_mt<W, 1>();
+  if (e == cudaSuccess) e = gemv_configure_mt<W, 2>();
+  if (e == cudaSuccess) e = gemv_configure_mt<W, 4>();
+  if (e == cudaSuccess) e = gemv_configure_mt<W, 8>();
+  return e;
+}
+
+// Defined in linear_gemv_{fp8,w8a16,bf16}.cu.
+void gemv_launch_fp8(const GemvArgs& a, cudaStream_t stream);
+void gemv_launch_w8a16(const GemvArgs& a, cudaStream_t stream);
+void gemv_launch_bf16(const GemvArgs& a, cudaStream_t stream);
+cudaError_t gemv_configure_fp8();
+cudaError_t gemv_configure_w8a16();
+cudaError_t gemv_configure_bf16();
+
+}  // namespace dsv4::cuda::detail

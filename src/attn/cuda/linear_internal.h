@@ -1,0 +1,72 @@
+#pragma once
+// Internal interface between the linears' host code (linear_*.cu) and their
+// kernels (linear_gemv*.cu, linear_quant.cu). No CUDA headers: the host files
+// are plain C++.
+#include <cstddef>
+#include <cstdint>
+
+#include "attn/cuda/fp8_act.h"
+
+struct CUstream_st;
+
+namespace dsv4::cuda::detail {
+
+// Operand kinds of the small-M kernel.
+enum class GemvWeight {
+  kFp8,    // FP8 weight x FP8 activation: both decoded to f16 (exactly, times 2^-8), f16 MMA
+  kW8A16,  // FP8 weight x bf16 activation: weight decoded to bf16 exactly, bf16 MMA
+  kBf16,   // bf16 weight x bf16 activation, bf16 MMA
+};
+
+inline constexpr int kGemvCtaRows = 128;  // weight rows per CTA: one 128-row block of scales
+inline constexpr int kGemvMaxRows = 64;   // activation rows per launch (larger M: several launches)
+
+// One launch of the small-M kernel: y[r, c] = sum_k x[r, g * k + kk] w[c, kk]
+// for r < m, c < n, where g = c / group_rows (one group unless grouped).
+struct GemvArgs {
+  GemvWeight kind = GemvWeight::kFp8;
+  const void* w = nullptr;           // [n, k] row-major, e4m3 bytes or bf16
+  const float* w_scales = nullptr;   // FP8 weights: [ceil(n / 128), w_scale_ld] row-major
+  int64_t w_scale_ld = 0;
+  int64_t n = 0, k = 0;              // k a multiple of 128
+  int64_t group_rows = 0;            // a multiple of 128 when < n
+  const void* x = nullptr;           // row r at x + r * ldx elements (bytes for FP8)
+  int64_t ldx = 0;
+  const float* x_scales = nullptr;   // kFp8: scale(r, kb) at x_scales[kb * x_scale_ld + r]
+  int64_t x_scale_ld = 0;
+  int m = 0;                         // 1 .. kGemvMaxRows
+  void* y = nullptr;                 // bf16, or fp32 when y_f32
+  int64_t ldy = 0;
+  bool y_f32 = false;
+  Fp8ActOut q{};                     // kW8A16 with quantize: y's FP8 quantization (rows of this launch)
+  bool quantize = false;
+  int splits = 1;                    // CTAs along k; k / splits a multiple of 128
+  float* partials = nullptr;         // splits > 1: gemv_partial_floats(n, m, splits) floats
+  unsigned* counters = nullptr;      // splits > 1: gemv_counters(n) zeroed counters
+};
+
+// Tokens per MMA tile column set: 8, 16, 32 or 64 (>= m).
+int gemv_tile_rows(int m);
+// Largest k one CTA may cover for tile_rows (its activation slice lives in shared memory).
+int64_t gemv_max_cta_k(int tile_rows);
+// Split of k over CTAs for this problem (see linear_gemv.cu); `sms` multiprocessors.
+int gemv_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int sms);
+size_t gemv_partial_floats(int64_t n, int m, int splits);
+int gemv_counters(int64_t n);
+// Allows the kernels' shared memory (once per process; call before any
+// stream capture).
+void gemv_prepare();
+// Launches one small-M kernel (m <= kGemvMaxRows); throws Error on a launch error.
+void gemv_launch(const GemvArgs& a, CUstream_st* stream);
+
+// bf16 [rows, cols] (row stride ldx elements) -> out (rows, cols from out).
+void launch_quantize_bf16(const uint16_t* x, int64_t ldx, const Fp8ActOut& out, CUstream_st* stream);
+// Activation scales with row stride ld_in -> row stride `rows` (cuBLASLt's VEC128 layout).
+void launch_repack_scales(const float* in, int64_t ld_in, float* out, int rows, int kblocks, CUstream_st* stream);
+
+// Multiprocessors of the current device (cached after the first call).
+int device_sm_count();
+// Throws Error("what: <cuda error>") when e is not cudaSuccess (e is a cudaError_t).
+void check_cuda(int e, const char* what);
+
+}  // namespace dsv4::cuda::detail

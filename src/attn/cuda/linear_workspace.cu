@@ -1,0 +1,136 @@
+// The shared workspace of the linears, the own kernel's row chunks, and the
+// checks and launcher of the activation quantization.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "attn/cuda/linear_host.h"
+#include "common/error.h"
+
+namespace dsv4::cuda {
+
+namespace {
+size_t align256(size_t v) { return (v + 255) / 256 * 256; }
+}  // namespace
+
+struct LinearWorkspace::Impl {
+  detail::DeviceMem mem;
+  LinearNeeds have;
+  size_t cublas_bytes = 0;
+  size_t counters_at = 0, partials_at = 0, scratch_at = 0, cublas_at = 0;
+  char* at(size_t offset) const { return static_cast<char*>(mem.get()) + offset; }
+};
+
+LinearWorkspace::LinearWorkspace(std::span<const LinearNeeds> needs, size_t cublas_bytes)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& im = *impl_;
+  for (const LinearNeeds& n : needs) im.have = detail::max_needs(im.have, n);
+  im.cublas_bytes = cublas_bytes;
+  im.counters_at = 0;
+  im.partials_at = align256(size_t(im.have.counters) * sizeof(unsigned));
+  im.scratch_at = im.partials_at + align256(im.have.partial_bytes);
+  im.cublas_at = im.scratch_at + align256(im.have.scratch_bytes);
+  const size_t total = im.cublas_at + align256(cublas_bytes);
+  im.mem = detail::DeviceMem(total);
+  if (im.have.counters > 0)
+    detail::check_cuda(cudaMemset(im.mem.get(), 0, size_t(im.have.counters) * sizeof(unsigned)),
+                       "clearing the split-K counters");
+}
+
+LinearWorkspace::~LinearWorkspace() = default;
+
+size_t LinearWorkspace::bytes() const { return impl_->mem.size(); }
+int LinearWorkspace::max_m() const { return impl_->have.max_m; }
+
+void LinearWorkspace::require(const LinearNeeds& need, const std::string& who) const {
+  const LinearNeeds& h = impl_->have;
+  dsv4::require(need.max_m <= h.max_m, who + ": " + std::to_string(need.max_m) +
+                                           " rows exceed the workspace's max_m of " + std::to_string(h.max_m));
+  dsv4::require(need.partial_bytes <= h.partial_bytes && need.counters <= h.counters &&
+                    need.scratch_bytes <= h.scratch_bytes,
+                who + ": the workspace was not sized for this linear (build it from this linear's needs())");
+}
+
+float* LinearWorkspace::partials() const { return reinterpret_cast<float*>(impl_->at(impl_->partials_at)); }
+unsigned* LinearWorkspace::counters() const { return reinterpret_cast<unsigned*>(impl_->at(impl_->counters_at)); }
+void* LinearWorkspace::scratch() const { return impl_->at(impl_->scratch_at); }
+void* LinearWorkspace::cublas() const { return impl_->at(impl_->cublas_at); }
+size_t LinearWorkspace::cublas_bytes() const { return impl_->cublas_bytes; }
+
+void check_fp8_act(const Fp8Act& x, const std::string& who) {
+  require(x.rows >= 0, who + ": negative row count");
+  if (x.rows == 0) return;
+  require(x.data != nullptr && x.scales != nullptr, who + ": activation data or scales are null");
+  require(x.cols > 0 && x.cols % kActBlock == 0, who + ": activation columns must be a positive multiple of 128");
+  require(x.ld >= x.cols, who + ": activation row stride smaller than its columns");
+  require(x.scale_ld >= x.rows, who + ": activation scale_ld smaller than its rows");
+  require(detail::aligned(x.data, 16) && x.ld % 16 == 0,
+          who + ": activation data and row stride must be 16-byte aligned");
+  require(detail::aligned(x.scales, 4), who + ": activation scales must be 4-byte aligned");
+}
+
+void quantize_act(const uint16_t* x, int64_t ldx, const Fp8ActOut& out, CUstream_st* stream) {
+  const std::string who = "quantize_act";
+  require(out.rows >= 0, who + ": negative row count");
+  if (out.rows == 0) return;
+  require(x != nullptr && detail::aligned(x, 2), who + ": input is null or misaligned");
+  require(out.data != nullptr && out.scales != nullptr, who + ": output data or scales are null");
+  require(out.cols > 0 && out.cols % kActBlock == 0, who + ": columns must be a positive multiple of 128");
+  require(ldx >= out.cols, who + ": input row stride smaller than the columns");
+  require(out.ld >= out.cols && out.ld % 4 == 0 && detail::aligned(out.data, 4),
+          who + ": output row stride must cover the columns and be 4-byte aligned");
+  require(out.scale_ld >= out.rows && detail::aligned(out.scales, 4), who + ": output scale_ld smaller than rows");
+  detail::launch_quantize_bf16(x, ldx, out, stream);
+}
+
+namespace detail {
+
+LinearNeeds max_needs(const LinearNeeds& a, const LinearNeeds& b) {
+  LinearNeeds r;
+  r.max_m = std::max(a.max_m, b.max_m);
+  r.partial_bytes = std::max(a.partial_bytes, b.partial_bytes);
+  r.counters = std::max(a.counters, b.counters);
+  r.scratch_bytes = std::max(a.scratch_bytes, b.scratch_bytes);
+  return r;
+}
+
+LinearNeeds gemv_needs(GemvWeight kind, int64_t n, int64_t k, int max_m) {
+  LinearNeeds nd;
+  nd.max_m = max_m;
+  const int sms = device_sm_count();
+  for (int m = 1; m <= std::min(max_m, kGemvMaxRows); ++m) {
+    const int s = gemv_choose_splits(kind, n, k, m, sms);
+    nd.partial_bytes = std::max(nd.partial_bytes, gemv_partial_floats(n, m, s) * sizeof(float));
+    if (s > 1) nd.counters = std::max(nd.counters, gemv_counters(n));
+  }
+  return nd;
+}
+
+void run_gemv(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream, LinearRoute& route) {
+  const int sms = device_sm_count();
+  const int64_t x_row_bytes = a.kind == GemvWeight::kFp8 ? a.ldx : 2 * a.ldx;
+  const int64_t y_row_bytes = a.ldy * (a.y_f32 ? 4 : 2);
+  for (int r0 = 0; r0 < m; r0 += kGemvMaxRows) {
+    GemvArgs c = a;
+    c.m = std::min(kGemvMaxRows, m - r0);
+    c.x = static_cast<const char*>(a.x) + r0 * x_row_bytes;
+    if (a.x_scales) c.x_scales = a.x_scales + r0;
+    c.y = static_cast<char*>(a.y) + r0 * y_row_bytes;
+    if (a.quantize) {
+      c.q.data = a.q.data + r0 * a.q.ld;
+      c.q.scales = a.q.scales + r0;
+      c.q.rows = c.m;
+    }
+    c.splits = gemv_choose_splits(a.kind, a.n, a.k, c.m, sms);
+    c.partials = ws.partials();
+    c.counters = ws.counters();
+    gemv_launch(c, stream);
+    route.kernel_rows += c.m;
+    route.kernel_launches += 1;
+    route.splits = c.splits;
+  }
+}
+
+}  // namespace detail
+}  // namespace dsv4::cuda
