@@ -129,6 +129,7 @@ struct Options {
   bool quick = false;
   std::string filter;
   int small_m_max = 32;
+  int splits = 0;  // the own kernel's split of k (0: automatic)
   int reps = 15;
 };
 
@@ -139,12 +140,12 @@ struct Copies {
   std::vector<std::unique_ptr<W8A16GroupedLinear>> wo_a;
   std::vector<std::unique_ptr<Bf16Linear>> bf16;
   size_t count() const { return fp8.size() + wo_a.size() + bf16.size(); }
-  void set_path(LinearPath path, int small_m_max) {
-    for (auto& l : fp8) l->set_options({path, small_m_max});
-    for (auto& l : bf16) l->set_options({path, small_m_max});
+  void set_path(LinearPath path, int small_m_max, int splits) {
+    for (auto& l : fp8) l->set_options({path, small_m_max, splits});
+    for (auto& l : bf16) l->set_options({path, small_m_max, splits});
     for (auto& l : wo_a) {
       W8A16Options o = l->options();
-      o.path = path, o.small_m_max = small_m_max;
+      o.path = path, o.small_m_max = small_m_max, o.splits = splits;
       l->set_options(o);
     }
   }
@@ -300,10 +301,10 @@ void run_shape(const Shape& s, const std::vector<int>& ms, const Options& opt, u
     b.qs = device_alloc<float>(size_t(out / 128 + 1) * m);
     CHECK(cudaDeviceSynchronize());
 
-    c.set_path(LinearPath::kAuto, opt.small_m_max);
+    c.set_path(LinearPath::kAuto, opt.small_m_max, opt.splits);
     const double ours = time_calls(c, m, in, out, b, ws, st, opt.reps);
     const LinearRoute ours_route = c.route();
-    c.set_path(LinearPath::kCublas, opt.small_m_max);
+    c.set_path(LinearPath::kCublas, opt.small_m_max, opt.splits);
     double lt = time_calls(c, m, in, out, b, ws, st, opt.reps);
     const LinearRoute lt_route = c.route();
     const bool lt_valid = lt_route.cublas_rows == m;
@@ -335,7 +336,7 @@ int main(int argc, char** argv) {
     } else if (a == "--shape" && i + 1 < argc) {
       opt.filter = argv[++i];
     } else if (a == "--splits" && i + 1 < argc) {
-      linear_debug().splits = std::atoi(argv[++i]);
+      opt.splits = std::atoi(argv[++i]);
     } else if (a == "--small-m-max" && i + 1 < argc) {
       opt.small_m_max = std::atoi(argv[++i]);
     } else if (a == "--reps" && i + 1 < argc) {
@@ -351,7 +352,7 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDeviceProperties(&prop, dev));
   std::printf("device: %s, %d SMs, L2 %.0f MB; small_m_max %d, splits %s\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize / 1e6, opt.small_m_max,
-              linear_debug().splits > 0 ? std::to_string(linear_debug().splits).c_str() : "auto");
+              opt.splits > 0 ? std::to_string(opt.splits).c_str() : "auto");
   const std::vector<int> ms = opt.quick ? std::vector<int>{1, 8, 64, 512}
                                         : std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 512, 4096};
   const std::vector<Shape> shapes = {

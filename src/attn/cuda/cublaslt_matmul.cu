@@ -133,7 +133,7 @@ const std::string& LtMatmul::reason() const { return impl_->reason; }
 void LtMatmul::run(const void* a, const float* a_scales, const void* b, const float* b_scales, void* d,
                    void* workspace, CUstream_st* stream) {
   Impl& im = *impl_;
-  require(im.supported, "cuBLASLt: running an unsupported plan (" + im.reason + ")");
+  DSV4_REQUIRE(im.supported, "cuBLASLt: running an unsupported plan (" + im.reason + ")");
   Status st;
   if (im.p.kind == LtKind::kFp8BlockScaled) {
     set_desc(st, im.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(a_scales), "A_SCALE_POINTER");

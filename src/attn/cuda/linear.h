@@ -60,6 +60,9 @@ enum class LinearPath {
 struct LinearOptions {
   LinearPath path = LinearPath::kAuto;
   int small_m_max = 32;
+  // The own kernel's split of k (benchmarks, tests): used when it divides
+  // k / 128 and fits; 0 chooses automatically.
+  int splits = 0;
 };
 
 struct W8A16Options : LinearOptions {
@@ -107,7 +110,7 @@ class LinearWorkspace {
   int max_m() const;
 
   // Used by the linears: throws Error unless this workspace covers `need`.
-  void require(const LinearNeeds& need, const std::string& who) const;
+  void check_covers(const LinearNeeds& need, const std::string& who) const;
   float* partials() const;
   unsigned* counters() const;
   void* scratch() const;
@@ -216,10 +219,5 @@ void quantize_act(const uint16_t* x, int64_t ldx, const Fp8ActOut& out, CUstream
 // (the checks every FP8 consumer here runs).
 void check_fp8_act(const Fp8Act& x, const std::string& who);
 
-// Benchmark knobs; 0 means automatic.
-struct LinearDebug {
-  int splits = 0;  // the own kernel's split of k, when it divides k / 128 and fits
-};
-LinearDebug& linear_debug();
 
 }  // namespace dsv4::cuda

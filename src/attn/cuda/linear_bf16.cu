@@ -60,16 +60,16 @@ void Bf16Linear::forward(const uint16_t* x, int64_t ldx, int m, float* y, int64_
                          CUstream_st* stream) {
   const std::string who = "Bf16Linear";
   Impl& im = *impl_;
-  require(m >= 0, who + ": negative row count");
+  DSV4_REQUIRE(m >= 0, who + ": negative row count");
   im.route = LinearRoute{};
   im.route.rows = m;
   if (m == 0) return;
-  require(x != nullptr && detail::aligned(x, 16) && ldx % 8 == 0,
+  DSV4_REQUIRE(x != nullptr && detail::aligned(x, 16) && ldx % 8 == 0,
           who + ": input must be 16-byte aligned with a row stride of a multiple of 8 elements");
-  require(ldx >= im.cols, who + ": input row stride smaller than the input columns");
-  require(y != nullptr && detail::aligned(y, 4), who + ": output is null or misaligned");
-  require(ldy >= im.rows, who + ": output row stride smaller than the output columns");
-  ws.require(needs(m), who);
+  DSV4_REQUIRE(ldx >= im.cols, who + ": input row stride smaller than the input columns");
+  DSV4_REQUIRE(y != nullptr && detail::aligned(y, 4), who + ": output is null or misaligned");
+  DSV4_REQUIRE(ldy >= im.rows, who + ": output row stride smaller than the output columns");
+  ws.check_covers(needs(m), who);
   if (detail::wants_cublas(im.options, m) && im.run_cublas(x, ldx, m, y, ldy, ws, stream)) return;
   detail::GemvArgs a;
   a.kind = detail::GemvWeight::kBf16;
@@ -77,13 +77,14 @@ void Bf16Linear::forward(const uint16_t* x, int64_t ldx, int m, float* y, int64_
   a.n = im.rows, a.k = im.cols, a.group_rows = im.rows;
   a.x = x, a.ldx = ldx;
   a.y = y, a.ldy = ldy, a.y_f32 = true;
+  a.forced_splits = im.options.splits;
   detail::run_gemv(a, m, ws, stream, im.route);
 }
 
 int64_t Bf16Linear::in_features() const { return impl_->cols; }
 int64_t Bf16Linear::out_features() const { return impl_->rows; }
 LinearNeeds Bf16Linear::needs(int max_m) const {
-  return detail::gemv_needs(detail::GemvWeight::kBf16, impl_->rows, impl_->cols, max_m);
+  return detail::gemv_needs(detail::GemvWeight::kBf16, impl_->rows, impl_->cols, max_m, impl_->options.splits);
 }
 const LinearOptions& Bf16Linear::options() const { return impl_->options; }
 void Bf16Linear::set_options(const LinearOptions& options) { impl_->options = options; }

@@ -70,11 +70,12 @@ void Fp8Product::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const Linear
   a.x = x.data + int64_t(lt_rows) * x.ld, a.ldx = x.ld;
   a.x_scales = x.scales + lt_rows, a.x_scale_ld = x.scale_ld;
   a.y = y + int64_t(lt_rows) * ldy, a.ldy = ldy;
+  a.forced_splits = opt.splits;
   run_gemv(a, x.rows - lt_rows, ws, stream, route);
 }
 
-LinearNeeds Fp8Product::needs(int max_m) const {
-  LinearNeeds n = gemv_needs(GemvWeight::kFp8, w_->rows, w_->cols, max_m);
+LinearNeeds Fp8Product::needs(int max_m, int forced_splits) const {
+  LinearNeeds n = gemv_needs(GemvWeight::kFp8, w_->rows, w_->cols, max_m, forced_splits);
   n.scratch_bytes = size_t(repack_floats(max_m)) * sizeof(float);
   return n;
 }
@@ -111,17 +112,17 @@ void Fp8Linear::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, LinearWorkspa
     impl_->route = LinearRoute{};
     return;
   }
-  require(x.cols == in_features(), who + ": activation has " + std::to_string(x.cols) + " columns, the weight " +
+  DSV4_REQUIRE(x.cols == in_features(), who + ": activation has " + std::to_string(x.cols) + " columns, the weight " +
                                        std::to_string(in_features()));
-  require(y != nullptr && detail::aligned(y, 2), who + ": output is null or misaligned");
-  require(ldy >= out_features(), who + ": output row stride smaller than the output columns");
-  ws.require(needs(x.rows), who);
+  DSV4_REQUIRE(y != nullptr && detail::aligned(y, 2), who + ": output is null or misaligned");
+  DSV4_REQUIRE(ldy >= out_features(), who + ": output row stride smaller than the output columns");
+  ws.check_covers(needs(x.rows), who);
   impl_->product->forward(x, y, ldy, impl_->options, ws, static_cast<float*>(ws.scratch()), stream, impl_->route);
 }
 
 int64_t Fp8Linear::in_features() const { return impl_->w.cols; }
 int64_t Fp8Linear::out_features() const { return impl_->w.rows; }
-LinearNeeds Fp8Linear::needs(int max_m) const { return impl_->product->needs(max_m); }
+LinearNeeds Fp8Linear::needs(int max_m) const { return impl_->product->needs(max_m, impl_->options.splits); }
 const LinearOptions& Fp8Linear::options() const { return impl_->options; }
 void Fp8Linear::set_options(const LinearOptions& options) { impl_->options = options; }
 const LinearRoute& Fp8Linear::last_route() const { return impl_->route; }

@@ -22,7 +22,7 @@ class Fp8Product {
   void forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const LinearOptions& opt, const LinearWorkspace& ws,
                float* repack, CUstream_st* stream, LinearRoute& route);
 
-  LinearNeeds needs(int max_m) const;  // scratch_bytes: the repack buffer
+  LinearNeeds needs(int max_m, int forced_splits) const;  // scratch_bytes: the repack buffer
   int64_t repack_floats(int m) const { return int64_t(groups_) * (w_->cols / 128) * m; }
 
  private:

@@ -10,11 +10,6 @@
 
 namespace dsv4::cuda {
 
-LinearDebug& linear_debug() {
-  static LinearDebug d;
-  return d;
-}
-
 namespace detail {
 
 void check_cuda(int e, const char* what) {
@@ -55,12 +50,11 @@ static int64_t divisor_below(int64_t kb, int64_t hi) {
 // Enough CTAs to keep every multiprocessor streaming (about 1.5 waves of
 // row blocks x splits, two CTAs fit per SM), while the partial sums
 // (written and read once, fp32) stay below the weight's own bytes.
-int gemv_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int sms) {
+int gemv_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int sms, int forced) {
   const int64_t kb = k / 128;
   const int64_t nrb = (n + kGemvCtaRows - 1) / kGemvCtaRows;
   const int64_t min_splits = divisor_at_least(kb, (k + gemv_max_cta_k(gemv_tile_rows(m)) - 1) /
                                                       gemv_max_cta_k(gemv_tile_rows(m)));
-  const int forced = linear_debug().splits;
   if (forced > 0 && kb % forced == 0 && forced >= min_splits) return forced;
   const int64_t weight_bytes = kind == GemvWeight::kBf16 ? 2 : 1;
   const int64_t cap = k * weight_bytes / (8 * int64_t(m));

@@ -34,7 +34,7 @@ DeviceMem& DeviceMem::operator=(DeviceMem&& o) noexcept {
 }
 
 void DeviceMem::upload(const void* src, size_t bytes) {
-  require(bytes <= n_, "linear (cuda): upload larger than its buffer");
+  DSV4_REQUIRE(bytes <= n_, "linear (cuda): upload larger than its buffer");
   if (bytes > 0) check_cuda(cudaMemcpy(p_, src, bytes, cudaMemcpyHostToDevice), "weight upload");
 }
 
@@ -44,30 +44,30 @@ int64_t blocks128(int64_t v) { return (v + 127) / 128; }
 
 // The checks every stacked part passes; `last` may have any row count.
 void check_part(const WeightMatrix* w, int64_t cols, bool last, const std::string& who) {
-  require(w != nullptr, who + ": a weight part is null");
+  DSV4_REQUIRE(w != nullptr, who + ": a weight part is null");
   const std::string name = who + " (" + w->name + ")";
-  require(w->rows > 0 && w->cols > 0, name + ": empty matrix");
-  require(w->cols == cols, name + ": " + std::to_string(w->cols) + " columns where the first part has " +
+  DSV4_REQUIRE(w->rows > 0 && w->cols > 0, name + ": empty matrix");
+  DSV4_REQUIRE(w->cols == cols, name + ": " + std::to_string(w->cols) + " columns where the first part has " +
                                std::to_string(cols));
-  require(cols % 128 == 0, name + ": columns (" + std::to_string(cols) + ") must be a multiple of 128");
-  require(last || w->rows % 128 == 0, name + ": every part but the last must have a multiple of 128 rows, not " +
+  DSV4_REQUIRE(cols % 128 == 0, name + ": columns (" + std::to_string(cols) + ") must be a multiple of 128");
+  DSV4_REQUIRE(last || w->rows % 128 == 0, name + ": every part but the last must have a multiple of 128 rows, not " +
                                           std::to_string(w->rows));
 }
 
 void check_fp8_part(const WeightMatrix* w, const std::string& who) {
   const std::string name = who + " (" + w->name + ")";
-  require(w->dtype == DType::kF8E4M3, name + ": the weight is not FP8 (e4m3 with 128x128 block scales)");
-  require(w->data.size() == size_t(w->rows * w->cols), name + ": data size does not match the shape");
-  require(w->block_scales.size() == size_t(blocks128(w->rows) * blocks128(w->cols)),
+  DSV4_REQUIRE(w->dtype == DType::kF8E4M3, name + ": the weight is not FP8 (e4m3 with 128x128 block scales)");
+  DSV4_REQUIRE(w->data.size() == size_t(w->rows * w->cols), name + ": data size does not match the shape");
+  DSV4_REQUIRE(w->block_scales.size() == size_t(blocks128(w->rows) * blocks128(w->cols)),
           name + ": block scale count does not match the shape");
-  for (float s : w->block_scales) require(std::isfinite(s) && s >= 0.0f, name + ": a block scale is not finite or negative");
+  for (float s : w->block_scales) DSV4_REQUIRE(std::isfinite(s) && s >= 0.0f, name + ": a block scale is not finite or negative");
 }
 
 }  // namespace
 
 Fp8Weight upload_fp8(std::span<const WeightMatrix* const> parts, const std::string& who) {
-  require(!parts.empty(), who + ": no weight parts");
-  require(parts[0] != nullptr, who + ": a weight part is null");
+  DSV4_REQUIRE(!parts.empty(), who + ": no weight parts");
+  DSV4_REQUIRE(parts[0] != nullptr, who + ": a weight part is null");
   const int64_t cols = parts[0]->cols;
   int64_t rows = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -109,8 +109,8 @@ DeviceMem upload_fp8_as_bf16(const WeightMatrix& w) {
 
 DeviceMem upload_bf16(std::span<const WeightMatrix* const> parts, const std::string& who, int64_t& rows,
                       int64_t& cols) {
-  require(!parts.empty(), who + ": no weight parts");
-  require(parts[0] != nullptr, who + ": a weight part is null");
+  DSV4_REQUIRE(!parts.empty(), who + ": no weight parts");
+  DSV4_REQUIRE(parts[0] != nullptr, who + ": a weight part is null");
   cols = parts[0]->cols;
   rows = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -121,9 +121,9 @@ DeviceMem upload_bf16(std::span<const WeightMatrix* const> parts, const std::str
     if (w->dtype == DType::kF8E4M3) {
       check_fp8_part(w, who);
     } else {
-      require(w->dtype == DType::kBF16 || w->dtype == DType::kF32, name + ": weights must be BF16, F32 or F8_E4M3");
+      DSV4_REQUIRE(w->dtype == DType::kBF16 || w->dtype == DType::kF32, name + ": weights must be BF16, F32 or F8_E4M3");
       const size_t elem = w->dtype == DType::kBF16 ? 2 : 4;
-      require(w->data.size() == size_t(w->rows * w->cols) * elem, name + ": data size does not match the shape");
+      DSV4_REQUIRE(w->data.size() == size_t(w->rows * w->cols) * elem, name + ": data size does not match the shape");
     }
     rows += w->rows;
   }

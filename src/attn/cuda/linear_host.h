@@ -60,7 +60,7 @@ bool wants_cublas(const LinearOptions& opt, int m);
 // with its own split of k; records them in route.
 void run_gemv(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream, LinearRoute& route);
 // Workspace the own kernel needs for calls of up to max_m rows.
-LinearNeeds gemv_needs(GemvWeight kind, int64_t n, int64_t k, int max_m);
+LinearNeeds gemv_needs(GemvWeight kind, int64_t n, int64_t k, int max_m, int forced_splits = 0);
 // The larger of two needs, field by field.
 LinearNeeds max_needs(const LinearNeeds& a, const LinearNeeds& b);
 

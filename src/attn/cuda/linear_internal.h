@@ -41,6 +41,7 @@ struct GemvArgs {
   Fp8ActOut q{};                     // kW8A16 with quantize: y's FP8 quantization (rows of this launch)
   bool quantize = false;
   int splits = 1;                    // CTAs along k; k / splits a multiple of 128
+  int forced_splits = 0;             // LinearOptions::splits (0: chosen here)
   float* partials = nullptr;         // splits > 1: gemv_partial_floats(n, m, splits) floats
   unsigned* counters = nullptr;      // splits > 1: gemv_counters(n) zeroed counters
 };
@@ -50,7 +51,7 @@ int gemv_tile_rows(int m);
 // Largest k one CTA may cover for tile_rows (its activation slice lives in shared memory).
 int64_t gemv_max_cta_k(int tile_rows);
 // Split of k over CTAs for this problem (see linear_gemv.cu); `sms` multiprocessors.
-int gemv_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int sms);
+int gemv_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int sms, int forced = 0);
 size_t gemv_partial_floats(int64_t n, int m, int splits);
 int gemv_counters(int64_t n);
 // Allows the kernels' shared memory (once per process; call before any

@@ -79,12 +79,12 @@ W8A16GroupedLinear::W8A16GroupedLinear(const WeightMatrix& w, int groups, const 
   Impl& im = *impl_;
   const WeightMatrix* parts[] = {&w};
   im.w = detail::upload_fp8(parts, who);
-  require(groups >= 1 && im.w.rows % groups == 0,
+  DSV4_REQUIRE(groups >= 1 && im.w.rows % groups == 0,
           who + ": " + std::to_string(im.w.rows) + " rows do not split into " + std::to_string(groups) + " groups");
   im.groups = groups;
   im.n_g = im.w.rows / groups;
   im.k_g = im.w.cols;
-  require(im.n_g % 128 == 0, who + ": rows per group (" + std::to_string(im.n_g) + ") must be a multiple of 128");
+  DSV4_REQUIRE(im.n_g % 128 == 0, who + ": rows per group (" + std::to_string(im.n_g) + ") must be a multiple of 128");
   if (options.bf16_copy) im.bf16 = detail::upload_fp8_as_bf16(w);
   im.options = options;
   im.fp8 = std::make_unique<detail::Fp8Product>(&im.w, groups, who + " (fp8_input)");
@@ -99,24 +99,24 @@ void W8A16GroupedLinear::forward(const uint16_t* x, int64_t ldx, int m, uint16_t
                                  const Fp8ActOut* y_fp8, LinearWorkspace& ws, CUstream_st* stream) {
   const std::string who = "W8A16GroupedLinear";
   Impl& im = *impl_;
-  require(m >= 0, who + ": negative row count");
+  DSV4_REQUIRE(m >= 0, who + ": negative row count");
   im.route = LinearRoute{};
   im.route.rows = m;
   if (m == 0) return;
-  require(x != nullptr && detail::aligned(x, 16) && ldx % 8 == 0,
+  DSV4_REQUIRE(x != nullptr && detail::aligned(x, 16) && ldx % 8 == 0,
           who + ": input must be 16-byte aligned with a row stride of a multiple of 8 elements");
-  require(ldx >= im.in_cols(), who + ": input row stride smaller than the input columns");
-  require(y != nullptr && detail::aligned(y, 2), who + ": output is null or misaligned");
-  require(ldy >= im.out_cols(), who + ": output row stride smaller than the output columns");
+  DSV4_REQUIRE(ldx >= im.in_cols(), who + ": input row stride smaller than the input columns");
+  DSV4_REQUIRE(y != nullptr && detail::aligned(y, 2), who + ": output is null or misaligned");
+  DSV4_REQUIRE(ldy >= im.out_cols(), who + ": output row stride smaller than the output columns");
   if (y_fp8) {
     const Fp8ActOut& q = *y_fp8;
-    require(q.rows == m && q.cols == im.out_cols(), who + ": the FP8 output must be [m, G * N_g]");
-    require(q.data != nullptr && q.scales != nullptr, who + ": FP8 output data or scales are null");
-    require(q.ld >= q.cols && q.ld % 4 == 0 && detail::aligned(q.data, 4),
+    DSV4_REQUIRE(q.rows == m && q.cols == im.out_cols(), who + ": the FP8 output must be [m, G * N_g]");
+    DSV4_REQUIRE(q.data != nullptr && q.scales != nullptr, who + ": FP8 output data or scales are null");
+    DSV4_REQUIRE(q.ld >= q.cols && q.ld % 4 == 0 && detail::aligned(q.data, 4),
             who + ": FP8 output row stride must cover the columns and be 4-byte aligned");
-    require(q.scale_ld >= q.rows && detail::aligned(q.scales, 4), who + ": FP8 output scale_ld smaller than rows");
+    DSV4_REQUIRE(q.scale_ld >= q.rows && detail::aligned(q.scales, 4), who + ": FP8 output scale_ld smaller than rows");
   }
-  ws.require(needs(m), who);
+  ws.check_covers(needs(m), who);
 
   if (im.options.fp8_input) {
     im.run_fp8_input(x, ldx, m, y, ldy, ws, stream);
@@ -128,6 +128,7 @@ void W8A16GroupedLinear::forward(const uint16_t* x, int64_t ldx, int m, uint16_t
     a.x = x, a.ldx = ldx;
     a.y = y, a.ldy = ldy;
     if (y_fp8) a.q = *y_fp8, a.quantize = true;
+    a.forced_splits = im.options.splits;
     detail::run_gemv(a, m, ws, stream, im.route);
     return;
   }
@@ -143,9 +144,9 @@ int64_t W8A16GroupedLinear::group_out() const { return impl_->n_g; }
 
 LinearNeeds W8A16GroupedLinear::needs(int max_m) const {
   const Impl& im = *impl_;
-  LinearNeeds n = detail::gemv_needs(detail::GemvWeight::kW8A16, im.w.rows, im.k_g, max_m);
+  LinearNeeds n = detail::gemv_needs(detail::GemvWeight::kW8A16, im.w.rows, im.k_g, max_m, im.options.splits);
   if (im.options.fp8_input) {
-    LinearNeeds f = im.fp8->needs(max_m);
+    LinearNeeds f = im.fp8->needs(max_m, im.options.splits);
     f.scratch_bytes += im.xq_bytes(max_m) + im.xs_bytes(max_m);
     n = detail::max_needs(n, f);
   }

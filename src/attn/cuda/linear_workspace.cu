@@ -43,11 +43,11 @@ LinearWorkspace::~LinearWorkspace() = default;
 size_t LinearWorkspace::bytes() const { return impl_->mem.size(); }
 int LinearWorkspace::max_m() const { return impl_->have.max_m; }
 
-void LinearWorkspace::require(const LinearNeeds& need, const std::string& who) const {
+void LinearWorkspace::check_covers(const LinearNeeds& need, const std::string& who) const {
   const LinearNeeds& h = impl_->have;
-  dsv4::require(need.max_m <= h.max_m, who + ": " + std::to_string(need.max_m) +
+  DSV4_REQUIRE(need.max_m <= h.max_m, who + ": " + std::to_string(need.max_m) +
                                            " rows exceed the workspace's max_m of " + std::to_string(h.max_m));
-  dsv4::require(need.partial_bytes <= h.partial_bytes && need.counters <= h.counters &&
+  DSV4_REQUIRE(need.partial_bytes <= h.partial_bytes && need.counters <= h.counters &&
                     need.scratch_bytes <= h.scratch_bytes,
                 who + ": the workspace was not sized for this linear (build it from this linear's needs())");
 }
@@ -59,28 +59,28 @@ void* LinearWorkspace::cublas() const { return impl_->at(impl_->cublas_at); }
 size_t LinearWorkspace::cublas_bytes() const { return impl_->cublas_bytes; }
 
 void check_fp8_act(const Fp8Act& x, const std::string& who) {
-  require(x.rows >= 0, who + ": negative row count");
+  DSV4_REQUIRE(x.rows >= 0, who + ": negative row count");
   if (x.rows == 0) return;
-  require(x.data != nullptr && x.scales != nullptr, who + ": activation data or scales are null");
-  require(x.cols > 0 && x.cols % kActBlock == 0, who + ": activation columns must be a positive multiple of 128");
-  require(x.ld >= x.cols, who + ": activation row stride smaller than its columns");
-  require(x.scale_ld >= x.rows, who + ": activation scale_ld smaller than its rows");
-  require(detail::aligned(x.data, 16) && x.ld % 16 == 0,
+  DSV4_REQUIRE(x.data != nullptr && x.scales != nullptr, who + ": activation data or scales are null");
+  DSV4_REQUIRE(x.cols > 0 && x.cols % kActBlock == 0, who + ": activation columns must be a positive multiple of 128");
+  DSV4_REQUIRE(x.ld >= x.cols, who + ": activation row stride smaller than its columns");
+  DSV4_REQUIRE(x.scale_ld >= x.rows, who + ": activation scale_ld smaller than its rows");
+  DSV4_REQUIRE(detail::aligned(x.data, 16) && x.ld % 16 == 0,
           who + ": activation data and row stride must be 16-byte aligned");
-  require(detail::aligned(x.scales, 4), who + ": activation scales must be 4-byte aligned");
+  DSV4_REQUIRE(detail::aligned(x.scales, 4), who + ": activation scales must be 4-byte aligned");
 }
 
 void quantize_act(const uint16_t* x, int64_t ldx, const Fp8ActOut& out, CUstream_st* stream) {
   const std::string who = "quantize_act";
-  require(out.rows >= 0, who + ": negative row count");
+  DSV4_REQUIRE(out.rows >= 0, who + ": negative row count");
   if (out.rows == 0) return;
-  require(x != nullptr && detail::aligned(x, 2), who + ": input is null or misaligned");
-  require(out.data != nullptr && out.scales != nullptr, who + ": output data or scales are null");
-  require(out.cols > 0 && out.cols % kActBlock == 0, who + ": columns must be a positive multiple of 128");
-  require(ldx >= out.cols, who + ": input row stride smaller than the columns");
-  require(out.ld >= out.cols && out.ld % 4 == 0 && detail::aligned(out.data, 4),
+  DSV4_REQUIRE(x != nullptr && detail::aligned(x, 2), who + ": input is null or misaligned");
+  DSV4_REQUIRE(out.data != nullptr && out.scales != nullptr, who + ": output data or scales are null");
+  DSV4_REQUIRE(out.cols > 0 && out.cols % kActBlock == 0, who + ": columns must be a positive multiple of 128");
+  DSV4_REQUIRE(ldx >= out.cols, who + ": input row stride smaller than the columns");
+  DSV4_REQUIRE(out.ld >= out.cols && out.ld % 4 == 0 && detail::aligned(out.data, 4),
           who + ": output row stride must cover the columns and be 4-byte aligned");
-  require(out.scale_ld >= out.rows && detail::aligned(out.scales, 4), who + ": output scale_ld smaller than rows");
+  DSV4_REQUIRE(out.scale_ld >= out.rows && detail::aligned(out.scales, 4), who + ": output scale_ld smaller than rows");
   detail::launch_quantize_bf16(x, ldx, out, stream);
 }
 
@@ -95,12 +95,12 @@ LinearNeeds max_needs(const LinearNeeds& a, const LinearNeeds& b) {
   return r;
 }
 
-LinearNeeds gemv_needs(GemvWeight kind, int64_t n, int64_t k, int max_m) {
+LinearNeeds gemv_needs(GemvWeight kind, int64_t n, int64_t k, int max_m, int forced_splits) {
   LinearNeeds nd;
   nd.max_m = max_m;
   const int sms = device_sm_count();
   for (int m = 1; m <= std::min(max_m, kGemvMaxRows); ++m) {
-    const int s = gemv_choose_splits(kind, n, k, m, sms);
+    const int s = gemv_choose_splits(kind, n, k, m, sms, forced_splits);
     nd.partial_bytes = std::max(nd.partial_bytes, gemv_partial_floats(n, m, s) * sizeof(float));
     if (s > 1) nd.counters = std::max(nd.counters, gemv_counters(n));
   }
@@ -122,7 +122,7 @@ void run_gemv(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream,
       c.q.scales = a.q.scales + r0;
       c.q.rows = c.m;
     }
-    c.splits = gemv_choose_splits(a.kind, a.n, a.k, c.m, sms);
+    c.splits = gemv_choose_splits(a.kind, a.n, a.k, c.m, sms, a.forced_splits);
     c.partials = ws.partials();
     c.counters = ws.counters();
     gemv_launch(c, stream);

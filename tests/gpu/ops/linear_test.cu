@@ -334,10 +334,10 @@ struct PathResult {
 // activation's rows are act_pad bytes longer than k (0: contiguous, what
 // cuBLASLt must take; with padding only the own kernel is required to run).
 void check_fp8_linear(const std::string& name, const std::vector<WeightMatrix>& parts, const std::vector<int>& ms,
-                      const std::vector<LinearPath>& paths, uint64_t seed, int64_t act_pad = 0) {
+                      const std::vector<LinearPath>& paths, uint64_t seed, int64_t act_pad = 0, int splits = 0) {
   std::mt19937_64 rng(seed);
   const std::vector<const WeightMatrix*> ptrs = pointers(parts);
-  Fp8Linear gpu(ptrs);
+  Fp8Linear gpu(ptrs, LinearOptions{LinearPath::kAuto, 32, splits});
   const int64_t n = gpu.out_features(), k = gpu.in_features();
   const int max_m = *std::max_element(ms.begin(), ms.end());
   LinearWorkspace ws({gpu.needs(max_m)});
@@ -368,7 +368,7 @@ void check_fp8_linear(const std::string& name, const std::vector<WeightMatrix>& 
 
     std::vector<PathResult> results(paths.size());
     for (size_t pi = 0; pi < paths.size(); ++pi) {
-      gpu.set_options({paths[pi], 32});
+      gpu.set_options({paths[pi], 32, splits});
       const std::string label = at + (paths[pi] == LinearPath::kCublas ? " cublas" : (paths[pi] == LinearPath::kSmallM ? " own" : " auto"));
       std::vector<std::vector<uint16_t>> runs;
       for (int rep = 0; rep < 2; ++rep) {
@@ -464,11 +464,9 @@ TEST_F(LinearCudaTest, Fp8EverySplitOfK) {
   std::mt19937_64 rng(15);
   std::vector<WeightMatrix> parts;
   parts.push_back(random_fp8("w", 384, 1536, rng));
-  for (int splits : {1, 2, 3, 4, 6, 12}) {
-    cuda::linear_debug().splits = splits;
-    check_fp8_linear("fp8 splits=" + std::to_string(splits), parts, {1, 8, 13, 64}, {LinearPath::kSmallM}, 16);
-  }
-  cuda::linear_debug().splits = 0;
+  for (int splits : {1, 2, 3, 4, 6, 12})
+    check_fp8_linear("fp8 splits=" + std::to_string(splits), parts, {1, 8, 13, 64}, {LinearPath::kSmallM}, 16, 0,
+                     splits);
 }
 
 TEST_F(LinearCudaTest, Fp8FlashShapes) {
