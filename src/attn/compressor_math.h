@@ -11,6 +11,13 @@
 
 #include "common/hd.h"
 
+// Loop unrolling in device code; host compilers unroll on their own.
+#if defined(__CUDA_ARCH__)
+#define DSV4_POOL_UNROLL _Pragma("unroll")
+#else
+#define DSV4_POOL_UNROLL
+#endif
+
 namespace dsv4::pool {
 
 DSV4_HD float fmul(float a, float b) {
@@ -87,23 +94,43 @@ DSV4_HD int pool_count(int64_t j, int m) { return int(j * m + m - pool_first(j, 
 // Rows i >= b_from belong to block j and contribute their B half (offset
 // b_off = c; m = 128: b_off = 0). A softmax over the gates of the present
 // rows, then the weighted sum of their values, each in row order.
-template <typename Rows>
+// kBatch rows are loaded before they are used (a GPU thread then has kBatch
+// loads in flight); the arithmetic and its order do not depend on kBatch.
+template <int kBatch, typename Rows>
 DSV4_HD float pool_channel(const Rows& rows, int n, int b_from, int b_off, int kc, int e) {
-  float mx = -std::bit_cast<float>(0x7f800000u);
-  for (int i = 0; i < n; ++i) {
-    const float* r = rows(i);
-    if (!r) continue;
-    const float g = r[kc + (i >= b_from ? b_off : 0) + e];
-    mx = mx < g ? g : mx;
+  const float kNegInf = -std::bit_cast<float>(0x7f800000u);
+  float mx = kNegInf;
+  for (int i0 = 0; i0 < n; i0 += kBatch) {
+    float g[kBatch];
+DSV4_POOL_UNROLL
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = i0 + b;
+      const float* r = i < n ? rows(i) : nullptr;
+      g[b] = r ? r[kc + (i >= b_from ? b_off : 0) + e] : kNegInf;  // -inf leaves the max alone
+    }
+DSV4_POOL_UNROLL
+    for (int b = 0; b < kBatch; ++b) mx = mx < g[b] ? g[b] : mx;
   }
   float den = 0.0f, num = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    const float* r = rows(i);
-    if (!r) continue;
-    const int off = (i >= b_from ? b_off : 0) + e;
-    const float w = exp_f32(fsub(r[kc + off], mx));
-    den = fadd(den, w);
-    num = fadd(num, fmul(w, r[off]));
+  for (int i0 = 0; i0 < n; i0 += kBatch) {
+    float a[kBatch], g[kBatch];
+    bool present[kBatch];
+DSV4_POOL_UNROLL
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = i0 + b;
+      const float* r = i < n ? rows(i) : nullptr;
+      const int off = (i >= b_from ? b_off : 0) + e;
+      present[b] = r != nullptr;
+      a[b] = r ? r[off] : 0.0f;
+      g[b] = r ? r[kc + off] : 0.0f;
+    }
+DSV4_POOL_UNROLL
+    for (int b = 0; b < kBatch; ++b) {
+      if (!present[b]) continue;
+      const float w = exp_f32(fsub(g[b], mx));
+      den = fadd(den, w);
+      num = fadd(num, fmul(w, a[b]));
+    }
   }
   return fdiv(num, den);
 }

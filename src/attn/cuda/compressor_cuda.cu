@@ -74,7 +74,9 @@ __device__ __forceinline__ void hadamard128(float (&y)[4], float scale) {
   for (int k = 0; k < 4; ++k) y[k] = __fmul_rn(y[k], scale);
 }
 
-template <int kDim>
+// kDim = c threads; kBatch rows loaded at a time per thread (m = 128 pools
+// 128 rows: 4 batches of 32 rather than 128 dependent loads).
+template <int kDim, int kBatch>
 __global__ void __launch_bounds__(kDim)
     entries_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args) {
   constexpr int kFinish = kDim / 4;  // threads of the finishing phase (whole warps)
@@ -95,7 +97,8 @@ __global__ void __launch_bounds__(kDim)
 
   const float* const* rows_ptr = rows_s;
   auto rows = [rows_ptr](int i) { return rows_ptr[i]; };
-  v_s[threadIdx.x] = pool::pool_channel(rows, n, int(j * m - first), m == 4 ? kDim : 0, p.kc(), int(threadIdx.x));
+  v_s[threadIdx.x] =
+      pool::pool_channel<kBatch>(rows, n, int(j * m - first), m == 4 ? kDim : 0, p.kc(), int(threadIdx.x));
   __syncthreads();
 
   const int i = int(threadIdx.x);  // finishing: channels 4i .. 4i+3
@@ -158,10 +161,15 @@ void compressor_cuda(const CompressorParams& p, CUstream_st* stream) {
   state_rows_kernel<<<T, kRowThreads, 0, stream>>>(p);
   cuda_check(cudaGetLastError(), "compressor (cuda): state rows launch");
   const EntryArgs args{rope_freqs(*p.rope), float(1.0 / std::sqrt(double(p.dim)))};
-  if (p.dim == kKvDim)
-    entries_kernel<kKvDim><<<T, kKvDim, 0, stream>>>(p, args);
+  const bool wide = p.ratio == 128;  // 128 pooled rows
+  if (p.dim == kKvDim && wide)
+    entries_kernel<kKvDim, 32><<<T, kKvDim, 0, stream>>>(p, args);
+  else if (p.dim == kKvDim)
+    entries_kernel<kKvDim, 8><<<T, kKvDim, 0, stream>>>(p, args);
+  else if (wide)
+    entries_kernel<kIndexDim, 32><<<T, kIndexDim, 0, stream>>>(p, args);
   else
-    entries_kernel<kIndexDim><<<T, kIndexDim, 0, stream>>>(p, args);
+    entries_kernel<kIndexDim, 8><<<T, kIndexDim, 0, stream>>>(p, args);
   cuda_check(cudaGetLastError(), "compressor (cuda): entries launch");
 }
 

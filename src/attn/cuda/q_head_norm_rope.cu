@@ -21,6 +21,8 @@ constexpr int kThreads = 256;
 constexpr int kChunks = 512 / 8;   // 16-byte chunks per row
 constexpr int kRowBytes = 1024 + 16;
 constexpr int kRopeChunk0 = kNopeDim / 8;  // chunk holding dims 448..455
+constexpr int kPerThread = kRows * kChunks / kThreads;  // 16-byte chunks each thread copies
+static_assert(kRows * kChunks % kThreads == 0);
 
 __device__ __forceinline__ void unpack8(const uint4& x, float (&v)[8]) {
   const uint32_t w[4] = {x.x, x.y, x.z, x.w};
@@ -49,11 +51,18 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t0 = r0 / H;
   const int ntok = int((r0 + nrows - 1) / H - t0 + 1);  // <= kRows
 
-  for (int k = threadIdx.x; k < nrows * kChunks; k += kThreads) {
-    const int r = k / kChunks, c = k % kChunks;
+  // All of a thread's loads first (8 x 16 bytes in flight), then the stores.
+  uint4 x[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int k = int(threadIdx.x) + j * kThreads, r = k / kChunks, c = k % kChunks;
     const int64_t t = (r0 + r) / H, h = (r0 + r) - t * H;
-    const uint4 x = *reinterpret_cast<const uint4*>(p.q + t * p.q_ld + h * 512 + 8 * c);
-    *reinterpret_cast<uint4*>(rows_s + r * kRowBytes + 16 * c) = x;
+    if (r < nrows) x[j] = *reinterpret_cast<const uint4*>(p.q + t * p.q_ld + h * 512 + 8 * c);
+  }
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int k = int(threadIdx.x) + j * kThreads, r = k / kChunks, c = k % kChunks;
+    if (r < nrows) *reinterpret_cast<uint4*>(rows_s + r * kRowBytes + 16 * c) = x[j];
   }
   for (int k = threadIdx.x; k < ntok * (kRopeDim / 2); k += kThreads) {
     const int tt = k / (kRopeDim / 2), i = k % (kRopeDim / 2);

@@ -23,7 +23,7 @@
 
 #include "attn/compressor_math.h"
 #include "attn/compressor_params.h"
-#include "attn/cpu/compressor.h"
+#include "attn/cpu/compress_cpu.h"
 #include "attn/cuda/compressor_cuda.h"
 #include "cache/fp8_ds_mla.h"
 #include "cache/index_key_format.h"
