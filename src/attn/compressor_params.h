@@ -1,6 +1,6 @@
 #pragma once
 // One compressor call of a step (SPEC §4.3, §5 "Compressor in fp32", §6 state
-// rows), the same struct for both backends: compress_cpu (attn/cpu/compressor.h)
+// rows), the same struct for both backends: compress_cpu (attn/cpu/compress_cpu.h)
 // takes host pointers, compressor_cuda (attn/cuda/compressor_cuda.h) device
 // pointers. The call runs in two phases:
 //  1. every token t with row_slot[t] >= 0 writes its state row

@@ -7,7 +7,7 @@
 //      state rows (attn/compressor_math.h, the CPU's code), finishes it (bf16,
 //      RMSNorm, bf16, RoPE at j*m, bf16, optional Hadamard + bf16) and writes
 //      the fp8_ds_mla or indexer-key record.
-// compress_cpu (attn/cpu/compressor.h) is the CPU twin: same params, same
+// compress_cpu (attn/cpu/compress_cpu.h) is the CPU twin: same params, same
 // bits (see fused_common.cuh for the two rare exceptions). Production
 // numerics only (bf16_rounding), no kF32 records.
 //
