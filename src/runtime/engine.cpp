@@ -1,5 +1,6 @@
 #include "runtime/engine.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "attn/cpu/cpu_backend.h"
@@ -68,8 +69,10 @@ std::unique_ptr<Engine> Engine::from_seed(const ModelConfig& config, uint64_t se
 
 StepMetadata Engine::plan(const std::vector<Run>& runs, std::vector<RunError>& errors) {
   StepMetadata s = plan_step(runs, config_, blocks_, errors);
+  // At least one page per group, so every arena exists (ops check their
+  // views) even before a request has written to it.
   for (CacheGroup g : kAllCacheGroups)
-    if (blocks_.uses(g)) backend_->ensure_pages(g, blocks_.pool(g).high_water());
+    if (blocks_.uses(g)) backend_->ensure_pages(g, std::max(1, blocks_.pool(g).high_water()));
   return s;
 }
 

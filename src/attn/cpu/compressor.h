@@ -1,12 +1,15 @@
 #pragma once
-// The compressor of SPEC §4.3 on the CPU. Every token's row [a | g + ape] goes
-// to the compressor-state cache at its own position; a token that completes a
-// block (slot j complete at position j*m + m - 1) pools the rows of its block
-// (and, for m = 4, of the block before) into compressed entry j, which is
+// The compressor of SPEC §4.3 in the CPU layer: the two projections (wkv,
+// wgate: float32 on the bf16 weights), then compress_cpu (attn/cpu/
+// compress_cpu.h, the CUDA kernels' twin): every token's row [a | g + ape]
+// goes to the compressor-state cache at its own position; a token that
+// completes a block (slot j complete at position j*m + m - 1) pools the rows
+// of its block (and, for m = 4, of the block before) into compressed entry j,
 // normalized, rotated (RoPE at position j*m) and written to its cache.
 #include <cstdint>
 #include <vector>
 
+#include "attn/cpu/compress_cpu.h"
 #include "attn/cpu/linear.h"
 #include "cache/entries.h"
 #include "numerics/rope.h"
@@ -34,11 +37,6 @@ class CompressorOp {
   std::vector<int> forward(const StepView& s, const float* x, const CompressorIo& io) const;
 
  private:
-  // Pools slot j from the state rows; writes c floats.
-  void pool(int run, int64_t slot_j, const CompressorIo& io, std::vector<float>& rows,
-            float* v) const;
-  void finish_entry(float* v, int64_t slot_j) const;
-
   const CompressorWeights& w_;
   Profile profile_;
   const Rope& rope_;

@@ -145,7 +145,6 @@ void CpuLayer::attend(const StepView& s, const LayerCaches& c, const std::vector
   p.swa_cache = c.swa.pages;
   p.swa = IndexList{s.window_indices, s.window_lengths, kWindow};
   p.extra = IndexList{nullptr, nullptr, extra_list(s, picks, extra_indices, extra_lengths)};
-  if (c.compressed.pages.num_pages == 0) p.extra.width = 0;  // no entry exists yet: nothing to pick
   if (p.extra.width > 0) {
     p.extra_cache = c.compressed.pages;
     p.extra.indices = extra_indices.data();

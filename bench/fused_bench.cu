@@ -1,0 +1,386 @@
+// Times the fused elementwise ops at Flash sizes (q_lora 1024, 64 heads,
+// hidden 4096; C4A main compressor m = 4, c = 512; its indexer compressor
+// c = 128 with MXFP4 keys; C128A m = 128) for T = 1, 8, 128 and 8192 tokens,
+// against the time their bytes take at 4.3 TB/s.
+//
+// Every number is a median over graph replays: CUDA events around one replay
+// of a graph holding `launches` back-to-back calls, divided by `launches`. The
+// calls rotate over R copies of all buffers (R x bytes >= 256 MB, R <= 64), so
+// large steps stream from HBM rather than L2; small steps stay latency-bound
+// whatever their data (a launch costs ~2 us of latency at T = 1).
+// Data: random bf16/fp32 values, no NaN. Decode steps (T = 1, 8): one token
+// per request, every token at a position that completes a compressed entry
+// (the compressors' worst case). Prefill steps (T = 128, 8192): one chunk of
+// one request from position 0 (an entry every m tokens).
+// Bytes: each kernel's compulsory reads and writes (inputs, outputs, the
+// cache records, the state rows pooled); FLOPs: the arithmetic, for
+// reference (all these ops are bandwidth-bound).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/compressor_params.h"
+#include "attn/cuda/compressor_cuda.h"
+#include "attn/cuda/out_rope.h"
+#include "attn/cuda/q_head_norm_rope.h"
+#include "attn/cuda/qkv_norm_rope.h"
+#include "attn/cuda/residual_norm.h"
+#include "cache/fp8_ds_mla.h"
+#include "cache/index_key_format.h"
+#include "numerics/rope.h"
+
+namespace {
+
+#define CHECK(expr)                                                                                \
+  do {                                                                                             \
+    const cudaError_t e_ = (expr);                                                                 \
+    if (e_ != cudaSuccess) {                                                                       \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+constexpr double kPeakBytes = 4.3e12;  // measured device-to-device copy
+constexpr double kRotateBytes = 256e6;
+constexpr int kMinLaunches = 20;
+constexpr int kMaxCopies = 64;
+
+constexpr int kQLora = 1024, kHeads = 64, kHidden = 4096;
+
+// ---- device data ------------------------------------------------------------
+
+__device__ uint32_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+
+// bf16 in +-[2^-4, 2^4).
+__global__ void fill_bf16(uint16_t* p, size_t n, uint64_t seed) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t r = mix(seed ^ (uint64_t(i) << 8));
+    p[i] = uint16_t(((r & 1) << 15) | ((123 + (r >> 1) % 8) << 7) | ((r >> 4) & 0x7f));
+  }
+}
+
+// fp32 in +-[0.25, 4).
+__global__ void fill_f32(float* p, size_t n, uint64_t seed) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t r = mix(seed ^ (uint64_t(i) << 8));
+    p[i] = __uint_as_float(((r & 1) << 31) | ((125 + (r >> 1) % 4) << 23) | ((r >> 3) & 0x7fffff));
+  }
+}
+
+// Owns device allocations.
+struct Mem {
+  std::vector<void*> ptrs;
+  Mem() = default;
+  Mem(const Mem&) = delete;
+  ~Mem() {
+    for (void* p : ptrs) cudaFree(p);
+  }
+  template <typename T>
+  T* alloc(size_t n) {
+    void* p = nullptr;
+    CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+    ptrs.push_back(p);
+    return static_cast<T*>(p);
+  }
+  template <typename T>
+  T* upload(const std::vector<T>& v) {
+    T* p = alloc<T>(v.size());
+    CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+  }
+  uint16_t* bf16(size_t n, uint64_t seed) {
+    uint16_t* p = alloc<uint16_t>(n);
+    fill_bf16<<<1024, 256>>>(p, n, seed);
+    CHECK(cudaGetLastError());
+    return p;
+  }
+  float* f32(size_t n, uint64_t seed) {
+    float* p = alloc<float>(n);
+    fill_f32<<<1024, 256>>>(p, n, seed);
+    CHECK(cudaGetLastError());
+    return p;
+  }
+  uint8_t* bytes(size_t n) {
+    uint8_t* p = alloc<uint8_t>(n);
+    CHECK(cudaMemset(p, 0, n));
+    return p;
+  }
+};
+
+const dsv4::Rope& rope() {
+  static const dsv4::Rope r(dsv4::RopeParams{160000, true, dsv4::YarnParams{}});
+  return r;
+}
+
+// Positions of a step: decode (T <= 8): request t at a position completing
+// an entry of every ratio (p + 1 a multiple of 128); prefill: 0 .. T-1.
+bool decode_step(int T) { return T <= 8; }
+int64_t position(int T, int t) { return decode_step(T) ? 1048575 - 128 * int64_t(t) : t; }
+
+// One set of buffers and the call on them.
+struct Instance {
+  Mem mem;
+  std::function<void(cudaStream_t)> run;
+};
+
+struct Case {
+  std::string name;
+  int T = 0;
+  double bytes = 0, flops = 0;
+  std::function<void(Instance&, uint64_t)> make;
+};
+
+// ---- the ops ------------------------------------------------------------------
+
+Case qkv_case(int T) {
+  const int W = kQLora + 512;
+  Case c{"qkv_norm_rope", T, 0, 0, {}};
+  c.bytes = double(T) * (W * 2 + 8 + 4 + kQLora * 2 + kQLora + kQLora / 128 * 4 + 584) + W * 4.0;
+  c.flops = double(T) * (W * 5 + 64 * 3);
+  c.make = [T, W](Instance& in, uint64_t seed) {
+    dsv4::cuda::QkvNormRopeParams p;
+    p.num_tokens = T;
+    p.q_lora = kQLora;
+    p.qkv = in.mem.bf16(size_t(T) * W, seed);
+    p.qkv_ld = W;
+    p.q_norm = in.mem.f32(kQLora, seed + 1);
+    p.kv_norm = in.mem.f32(512, seed + 2);
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    std::vector<int32_t> slot(static_cast<size_t>(T));
+    for (int t = 0; t < T; ++t) pos[size_t(t)] = position(T, t), slot[size_t(t)] = t;
+    p.positions = in.mem.upload(pos);
+    p.rope = &rope();
+    p.cq = in.mem.alloc<uint16_t>(size_t(T) * kQLora);
+    p.cq_ld = kQLora;
+    p.cq_fp8 = dsv4::cuda::Fp8ActOut{in.mem.alloc<uint8_t>(size_t(T) * kQLora),
+                                     in.mem.alloc<float>(size_t(T) * kQLora / 128), T, kQLora, kQLora, T};
+    const int64_t pages = (T + 63) / 64;
+    p.swa = dsv4::KvPagesMut{in.mem.bytes(size_t(pages) * dsv4::fp8_ds_mla_page_stride(64)), pages, 64,
+                             dsv4::fp8_ds_mla_page_stride(64)};
+    p.swa_slot = in.mem.upload(slot);
+    in.run = [p](cudaStream_t s) { dsv4::cuda::qkv_norm_rope_cuda(p, s); };
+  };
+  return c;
+}
+
+Case q_head_case(int T) {
+  Case c{"q_head_norm_rope", T, 0, 0, {}};
+  c.bytes = double(T) * (kHeads * 512 * 2 * 2 + 8);
+  c.flops = double(T) * kHeads * (512 * 4 + 64 * 3);
+  c.make = [T](Instance& in, uint64_t seed) {
+    dsv4::cuda::QHeadNormRopeParams p;
+    p.num_tokens = T;
+    p.num_heads = kHeads;
+    p.q = in.mem.bf16(size_t(T) * kHeads * 512, seed);
+    p.q_ld = kHeads * 512;
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    for (int t = 0; t < T; ++t) pos[size_t(t)] = position(T, t);
+    p.positions = in.mem.upload(pos);
+    p.rope = &rope();
+    in.run = [p](cudaStream_t s) { dsv4::cuda::q_head_norm_rope_cuda(p, s); };
+  };
+  return c;
+}
+
+Case out_rope_case(int T) {
+  Case c{"out_inverse_rope", T, 0, 0, {}};
+  c.bytes = double(T) * (kHeads * 64 * 2 * 2 + 8);
+  c.flops = double(T) * kHeads * 64 * 3;
+  c.make = [T](Instance& in, uint64_t seed) {
+    dsv4::cuda::OutInverseRopeParams p;
+    p.num_tokens = T;
+    p.num_heads = kHeads;
+    p.o = in.mem.bf16(size_t(T) * kHeads * 512, seed);
+    p.o_ld = kHeads * 512;
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    for (int t = 0; t < T; ++t) pos[size_t(t)] = position(T, t);
+    p.positions = in.mem.upload(pos);
+    p.rope = &rope();
+    in.run = [p](cudaStream_t s) { dsv4::cuda::out_inverse_rope_cuda(p, s); };
+  };
+  return c;
+}
+
+Case residual_case(int T) {
+  Case c{"residual_norm", T, 0, 0, {}};
+  c.bytes = double(T) * kHidden * (4 + 2 + 4 + 2 + 1 + 4.0 / 128);
+  c.flops = double(T) * kHidden * 5;
+  c.make = [T](Instance& in, uint64_t seed) {
+    dsv4::cuda::ResidualNormParams p;
+    p.mode = dsv4::cuda::ResidualMode::kAddNorm;
+    p.num_tokens = T;
+    p.dim = kHidden;
+    p.h = in.mem.f32(size_t(T) * kHidden, seed);
+    p.h_ld = kHidden;
+    p.y = in.mem.bf16(size_t(T) * kHidden, seed + 1);
+    p.y_ld = kHidden;
+    p.x = in.mem.alloc<uint16_t>(size_t(T) * kHidden);
+    p.x_ld = kHidden;
+    p.x_fp8 = dsv4::cuda::Fp8ActOut{in.mem.alloc<uint8_t>(size_t(T) * kHidden),
+                                    in.mem.alloc<float>(size_t(T) * kHidden / 128), T, kHidden, kHidden, T};
+    in.run = [p](cudaStream_t s) { dsv4::cuda::residual_norm_cuda(p, s); };
+  };
+  return c;
+}
+
+// One compressor: ratio m, entry dim c, record.
+Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::CompressedRecord record) {
+  const int kc = (m == 4 ? 2 : 1) * cdim, row = 2 * kc, Bs = m == 4 ? 4 : 128;
+  const int Bo = record == dsv4::CompressedRecord::kFp8DsMla && m == 128 ? 2 : 64;
+  const int record_bytes = record == dsv4::CompressedRecord::kFp8DsMla    ? 584
+                           : record == dsv4::CompressedRecord::kIndexFp8 ? 132
+                                                                          : 68;
+  int entries = 0;
+  for (int t = 0; t < T; ++t) entries += (position(T, t) + 1) % m == 0;
+  const int pooled = m == 4 ? 8 : 128;
+  Case c{name, T, 0, 0, {}};
+  c.bytes = double(T) * (row * 4.0 * 2 + 8 + 12) + double(m) * kc * 4 +
+            double(entries) * (double(pooled) * 2 * cdim * 4 + record_bytes + cdim * 4);
+  c.flops = double(T) * kc + double(entries) * cdim * (pooled * 20.0 + 10);
+  c.make = [=](Instance& in, uint64_t seed) {
+    dsv4::CompressorParams p;
+    p.num_tokens = T;
+    p.ratio = m;
+    p.dim = cdim;
+    p.proj = in.mem.f32(size_t(T) * row, seed);
+    p.proj_ld = row;
+    p.a_col = 0;
+    p.g_col = kc;
+    p.ape = in.mem.f32(size_t(m) * kc, seed + 1);
+    p.norm = in.mem.f32(size_t(cdim), seed + 2);
+    p.rope = &rope();
+    // Every request's blocks on their own pages: decode requests own the
+    // pages of the rows they pool, the prefill chunk all of its blocks.
+    const int requests = decode_step(T) ? T : 1;
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    std::vector<int32_t> run(static_cast<size_t>(T)), row_slot(static_cast<size_t>(T)),
+        entry_slot(static_cast<size_t>(T));
+    int width = 0;
+    std::vector<int32_t> first(static_cast<size_t>(requests));
+    for (int r = 0; r < requests; ++r) {
+      const int64_t lo = decode_step(T) ? std::max<int64_t>(0, position(T, r) - pooled) : 0;
+      const int64_t hi = decode_step(T) ? position(T, r) : T - 1;
+      first[size_t(r)] = int32_t(lo / Bs);
+      width = std::max<int>(width, int(hi / Bs - lo / Bs + 1));
+    }
+    std::vector<int32_t> pages(size_t(requests) * size_t(width));
+    for (size_t i = 0; i < pages.size(); ++i) pages[i] = int32_t(i);
+    const int64_t state_pages = int64_t(pages.size());
+    int64_t next_out = 0;
+    for (int t = 0; t < T; ++t) {
+      const int r = decode_step(T) ? t : 0;
+      pos[size_t(t)] = position(T, t);
+      run[size_t(t)] = r;
+      row_slot[size_t(t)] = int32_t(pages[size_t(r) * size_t(width) + size_t(pos[size_t(t)] / Bs - first[size_t(r)])] *
+                                        int64_t(Bs) +
+                                    pos[size_t(t)] % Bs);
+      entry_slot[size_t(t)] = (pos[size_t(t)] + 1) % m == 0 ? int32_t(next_out++) : -1;
+    }
+    p.positions = in.mem.upload(pos);
+    p.token_run = in.mem.upload(run);
+    p.row_slot = in.mem.upload(row_slot);
+    p.entry_slot = in.mem.upload(entry_slot);
+    p.state_table = dsv4::BlockTableView{in.mem.upload(pages), in.mem.upload(first), width, Bs};
+    const size_t s_stride = size_t(row) * 4 * size_t(Bs);
+    p.state = dsv4::KvPagesMut{reinterpret_cast<uint8_t*>(in.mem.f32(size_t(state_pages) * row * Bs, seed + 3)),
+                               state_pages, Bs, s_stride};
+    const int64_t out_pages = next_out / Bo + 1;
+    const size_t o_stride = dsv4::compressed_record_page_stride(record, cdim, Bo);
+    p.out = dsv4::KvPagesMut{in.mem.bytes(size_t(out_pages) * o_stride), out_pages, Bo, o_stride};
+    p.record = record;
+    p.hadamard = cdim == 128;
+    in.run = [p](cudaStream_t s) { dsv4::cuda::compressor_cuda(p, s); };
+  };
+  return c;
+}
+
+// ---- timing -------------------------------------------------------------------
+
+// Median µs of one call over graph replays; the calls rotate over the instances.
+double time_calls(std::vector<std::unique_ptr<Instance>>& inst, cudaStream_t s) {
+  const int launches = std::max<int>(kMinLaunches, int(inst.size()));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < launches; ++i) inst[size_t(i) % inst.size()]->run(s);
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(ge, s));
+  std::vector<double> t;
+  for (int i = 0; i < 25; ++i) {
+    CHECK(cudaEventRecord(e0, s));
+    CHECK(cudaGraphLaunch(ge, s));
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms * 1000.0 / launches);
+  }
+  std::sort(t.begin(), t.end());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  return t[t.size() / 2];
+}
+
+void run_case(const Case& c, cudaStream_t s) {
+  const int copies = std::clamp(int(std::ceil(kRotateBytes / std::max(c.bytes, 1.0))), 1, kMaxCopies);
+  std::vector<std::unique_ptr<Instance>> inst;
+  for (int i = 0; i < copies; ++i) {
+    inst.push_back(std::make_unique<Instance>());
+    c.make(*inst.back(), 1000 + 17 * uint64_t(i));
+  }
+  CHECK(cudaDeviceSynchronize());
+  const double us = time_calls(inst, s);
+  const double roof = c.bytes / kPeakBytes * 1e6;
+  std::printf("%-20s %5d %10.2f %11.3f %9.4f %10.2f %7.2f %4d\n", c.name.c_str(), c.T, us, c.bytes / 1e6,
+              c.flops / 1e9, roof, us / roof, copies);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, dev));
+  std::printf("device: %s, %d SMs, L2 %.0f MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6);
+  std::vector<int> sizes = {1, 8, 128, 8192};
+  if (argc > 1) sizes = {std::atoi(argv[1])};
+  cudaStream_t s;
+  CHECK(cudaStreamCreate(&s));
+  std::printf("%-20s %5s %10s %11s %9s %10s %7s %4s\n", "kernel", "T", "time us", "bytes MB", "GFLOP", "bytes us",
+              "ratio", "R");
+  for (int T : sizes) {
+    run_case(qkv_case(T), s);
+    run_case(q_head_case(T), s);
+    run_case(out_rope_case(T), s);
+    run_case(residual_case(T), s);
+    run_case(compressor_case("compressor c4a", T, 4, 512, dsv4::CompressedRecord::kFp8DsMla), s);
+    run_case(compressor_case("compressor c4a idx", T, 4, 128, dsv4::CompressedRecord::kIndexMxfp4), s);
+    run_case(compressor_case("compressor c128a", T, 128, 512, dsv4::CompressedRecord::kFp8DsMla), s);
+  }
+  CHECK(cudaStreamDestroy(s));
+  std::printf("bytes us: the bytes at %.1f TB/s; ratio: time / bytes us; R: buffer copies rotated\n",
+              kPeakBytes / 1e12);
+  return 0;
+}

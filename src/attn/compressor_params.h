@@ -1,0 +1,78 @@
+#pragma once
+// One compressor call of a step (SPEC §4.3, §5 "Compressor in fp32", §6 state
+// rows), the same struct for both backends: compress_cpu (attn/cpu/compress_cpu.h)
+// takes host pointers, compressor_cuda (attn/cuda/compressor_cuda.h) device
+// pointers. The call runs in two phases:
+//  1. every token t with row_slot[t] >= 0 writes its state row
+//     [a | g + ape[pos % m]] (2*k*c floats) at state slot row_slot[t];
+//  2. every token t with entry_slot[t] >= 0 completes compressed slot
+//     j = (pos + 1) / m - 1: it pools the state rows of positions
+//     max(0, (j-1)*m) .. j*m + m - 1 (m = 4) or j*m .. j*m + m - 1 (m = 128),
+//     read through the state block table of its run, then finishes the entry
+//     (bf16, RMSNorm, bf16, RoPE at j*m, bf16, optional Hadamard + bf16) and
+//     writes the record at out slot entry_slot[t].
+// A slot beyond its cache's capacity writes nothing; a pooled row that the
+// table does not map (or maps beyond the state capacity) is skipped, like
+// the absent block -1 of slot 0.
+#include <cstddef>
+#include <cstdint>
+
+#include "cache/block_table.h"
+#include "cache/pages.h"
+
+namespace dsv4 {
+
+class Rope;
+
+// The byte format of the compressed entries.
+enum class CompressedRecord {
+  kFp8DsMla,    // main compressor (c = 512): fp8_ds_mla, SPEC §6
+  kIndexFp8,    // indexer compressor (c = 128): FP8 key, 132 bytes
+  kIndexMxfp4,  // indexer compressor (c = 128): MXFP4 key, 68 bytes
+  kF32,         // c plain floats (exact-profile caches; CPU only)
+};
+
+struct CompressorParams {
+  int num_tokens = 0;
+  int ratio = 0;  // m: 4 (overlapping, k = 2) or 128 (k = 1)
+  int dim = 0;    // c: 512 (main) or 128 (indexer)
+
+  // Projections, fp32 [T, proj_ld]: a = x wkv^T at columns [a_col, a_col + k*c),
+  // g = x wgate^T at [g_col, g_col + k*c).
+  const float* proj = nullptr;
+  int64_t proj_ld = 0;
+  int a_col = 0, g_col = 0;
+  const float* ape = nullptr;   // [m, k*c] fp32, enters the gate only
+  const float* norm = nullptr;  // [c] RMSNorm weight
+  float eps = 1e-6f;
+  // The layer's RoPE (a host object on both backends: the CUDA launcher
+  // passes its 32 inv_freq values by value).
+  const Rope* rope = nullptr;
+
+  // Step metadata, [T] each.
+  const int32_t* positions = nullptr;
+  const int32_t* token_run = nullptr;   // the token's run: its row of state_table
+  const int32_t* row_slot = nullptr;    // state slot of the token's own row, -1: none
+  const int32_t* entry_slot = nullptr;  // out slot of the entry it completes, -1: none
+
+  BlockTableView state_table;  // rows by position; entries_per_page = state.entries_per_page
+  KvPagesMut state;            // f32 rows: row t of a page at byte 4 * row_floats() * t
+  KvPagesMut out;              // records in `record`'s page layout
+
+  CompressedRecord record = CompressedRecord::kFp8DsMla;
+  bool bf16_rounding = true;  // production numerics (SPEC §5); false: exact profile
+  bool hadamard = false;      // rotate the finished entry (production indexer keys)
+
+  constexpr int coff() const { return ratio == 4 ? 2 : 1; }
+  constexpr int kc() const { return coff() * dim; }
+  constexpr int row_floats() const { return 2 * kc(); }
+};
+
+// Page stride in bytes of `record`'s pages with B entries of c floats.
+size_t compressed_record_page_stride(CompressedRecord record, int c, int B);
+
+// Throws Error naming the first problem: shapes, null pointers, page
+// geometry (the backends add their own alignment checks).
+void check_compressor_params(const CompressorParams& p);
+
+}  // namespace dsv4

@@ -1,0 +1,142 @@
+#pragma once
+// Pieces shared by the fused elementwise ops (qkv_norm_rope, q_head_norm_rope,
+// compressor_cuda, out_rope, residual_norm): RoPE and RMSNorm in the CPU's
+// exact operation order (numerics/rope.cpp, numerics/rmsnorm.cpp), a fixed-order
+// block reduction, and the host-side checks every launcher runs.
+//
+// Bitwise parity with the CPU: every float operation that the CPU rounds
+// separately is an _rn intrinsic here (nvcc would otherwise contract a*b+c
+// into an FMA). Two things can still differ, both in the last bit of a double
+// before it is rounded to float, so the float result differs only where that
+// double lies within a few double ulps of a float rounding boundary:
+//  - cos/sin: glibc's and CUDA's double sin/cos (<= 2 ulp) may differ there;
+//  - RMSNorm's double sum of squares: the CPU adds sequentially, the kernels
+//    in a tree (identical whenever the sum is exact, e.g. bf16 inputs of a
+//    moderate range).
+// The tests detect those inputs and say so (tests/gpu/ops/fused_support.cuh).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "attn/cuda/fp8_act.h"
+#include "attn/cuda/warp.cuh"
+#include "cache/fp8_ds_mla.h"
+#include "cache/pages.h"
+#include "common/error.h"
+#include "numerics/rope.h"
+
+namespace dsv4::cuda {
+
+// ---- bf16 vectors ------------------------------------------------------------
+
+// Four consecutive bf16 (8 bytes) <-> floats.
+__device__ __forceinline__ void load_bf16x4(const uint16_t* src, float (&v)[4]) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(src);
+  v[0] = bf16_load(uint16_t(raw.x & 0xffffu));
+  v[1] = bf16_load(uint16_t(raw.x >> 16));
+  v[2] = bf16_load(uint16_t(raw.y & 0xffffu));
+  v[3] = bf16_load(uint16_t(raw.y >> 16));
+}
+
+__device__ __forceinline__ void store_bf16x4(uint16_t* dst, const float (&v)[4]) {
+  uint2 w;
+  w.x = uint32_t(bf16_store(v[0])) | (uint32_t(bf16_store(v[1])) << 16);
+  w.y = uint32_t(bf16_store(v[2])) | (uint32_t(bf16_store(v[3])) << 16);
+  *reinterpret_cast<uint2*>(dst) = w;
+}
+
+// ---- RoPE --------------------------------------------------------------------
+
+// The layer's 32 RoPE frequencies, passed to kernels by value.
+struct RopeFreqs {
+  float inv_freq[kRopeDim / 2];
+};
+
+inline RopeFreqs rope_freqs(const Rope& rope) {
+  RopeFreqs f{};
+  for (int i = 0; i < kRopeDim / 2; ++i) f.inv_freq[i] = rope.inv_freq()[size_t(i)];
+  return f;
+}
+
+// cos and sin of pair i at position pos, as Rope::apply computes them: the
+// angle a float product, cos and sin in double, each rounded to float.
+// inverse: the sine negated (rotation by -angle).
+__device__ __forceinline__ float2 rope_cos_sin(int64_t pos, float inv_freq, bool inverse = false) {
+  const float angle = __fmul_rn(__ll2float_rn(pos), inv_freq);
+  double s = 0, c = 0;
+  sincos(double(angle), &s, &c);
+  const float sf = __double2float_rn(s);
+  return make_float2(__double2float_rn(c), inverse ? -sf : sf);
+}
+
+// Pair (a, b) rotated by cs = (cos, sin): a*c - b*s, a*s + b*c, every product rounded.
+__device__ __forceinline__ void rope_rotate(float& a, float& b, float2 cs) {
+  const float x0 = __fsub_rn(__fmul_rn(a, cs.x), __fmul_rn(b, cs.y));
+  const float x1 = __fadd_rn(__fmul_rn(a, cs.y), __fmul_rn(b, cs.x));
+  a = x0;
+  b = x1;
+}
+
+// ---- RMSNorm -----------------------------------------------------------------
+
+// Sum of squares of four values in double, in element order.
+__device__ __forceinline__ double sum_squares4(const float (&v)[4]) {
+  double s = __dmul_rn(double(v[0]), double(v[0]));  // products of floats are exact in double
+  s = __dadd_rn(s, __dmul_rn(double(v[1]), double(v[1])));
+  s = __dadd_rn(s, __dmul_rn(double(v[2]), double(v[2])));
+  return __dadd_rn(s, __dmul_rn(double(v[3]), double(v[3])));
+}
+
+// RMSNorm's factor from the sum of squares of n values, as rms_norm computes
+// it: float(1 / sqrt(double(float(ss / n)) + double(eps))).
+__device__ __forceinline__ float rms_inv(double ss, int n, float eps) {
+  const float mean = __double2float_rn(__ddiv_rn(ss, double(n)));
+  return __double2float_rn(__ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(double(mean), double(eps)))));
+}
+
+// Block reduction in two steps: every warp sums its lanes (xor tree; all
+// lanes get the same bits) and lane 0 stores the warp's sum in red[warp];
+// after a __syncthreads() the caller adds red[first .. first + count) in
+// warp order with red_sum. Fixed order: the same bits run to run.
+__device__ __forceinline__ void warp_partial(double v, double* red) {
+  v = group_sum<32>(v);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+}
+
+__device__ __forceinline__ double red_sum(const double* red, int first, int count) {
+  double s = red[first];
+  for (int w = 1; w < count; ++w) s = __dadd_rn(s, red[first + w]);
+  return s;
+}
+
+// ---- host side ---------------------------------------------------------------
+
+inline void cuda_check(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) throw Error(what + ": " + cudaGetErrorString(e));
+}
+
+inline bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+// An FP8 activation output of rows x cols written with 4-byte stores.
+inline void check_fp8_out(const Fp8ActOut& o, int rows, int cols, const std::string& what) {
+  DSV4_REQUIRE(o.data && o.scales, what + ": FP8 output without data or scales");
+  DSV4_REQUIRE(o.cols == cols, what + ": FP8 output has " + std::to_string(o.cols) + " columns, expected " +
+                              std::to_string(cols));
+  DSV4_REQUIRE(o.rows >= rows, what + ": FP8 output has " + std::to_string(o.rows) + " rows, fewer than " +
+                              std::to_string(rows));
+  DSV4_REQUIRE(o.ld >= cols && o.ld % 4 == 0, what + ": FP8 output row stride must be >= cols and a multiple of 4");
+  DSV4_REQUIRE(o.scale_ld >= o.rows, what + ": FP8 output scale_ld must be >= its rows");
+  DSV4_REQUIRE(aligned(o.data, 4) && aligned(o.scales, 4), what + ": FP8 output data and scales must be 4-byte aligned");
+}
+
+// A cache written with 4- and 8-byte stores inside 16-byte aligned pages.
+inline void check_pages_out(const KvPagesMut& c, size_t min_stride, const std::string& what) {
+  DSV4_REQUIRE(c.base && c.num_pages > 0 && c.entries_per_page > 0, what + ": cache without pages");
+  DSV4_REQUIRE(c.page_stride >= min_stride, what + ": page stride " + std::to_string(c.page_stride) +
+                                           " smaller than a page of its records (" + std::to_string(min_stride) + ")");
+  DSV4_REQUIRE(aligned(c.base, 16) && c.page_stride % 16 == 0,
+          what + ": cache base and page stride must be 16-byte aligned");
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,59 @@
+// The inverse RoPE of the attention output (out_rope.h). One CTA per token:
+// the 32 (cos, -sin) of its position once in shared memory, then every head's
+// rotary tail (8 chunks of 16 bytes) read, rotated and written back.
+#include "attn/cuda/out_rope.h"
+
+#include <string>
+
+#include "attn/cuda/fused_common.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kTailChunks = kRopeDim / 8;  // 16-byte chunks of a head's dims 448..511
+
+__global__ void __launch_bounds__(kThreads)
+    out_rope_kernel(const OutInverseRopeParams p, const __grid_constant__ RopeFreqs rf) {
+  __shared__ float2 cs_s[kRopeDim / 2];
+  const int t = blockIdx.x;
+  if (threadIdx.x < kRopeDim / 2)
+    cs_s[threadIdx.x] = rope_cos_sin(__ldg(p.positions + t), rf.inv_freq[threadIdx.x], /*inverse=*/true);
+  __syncthreads();
+  uint16_t* row = p.o + int64_t(t) * p.o_ld + kNopeDim;
+  for (int k = threadIdx.x; k < p.num_heads * kTailChunks; k += kThreads) {
+    const int h = k / kTailChunks, c = k % kTailChunks;
+    uint4* ptr = reinterpret_cast<uint4*>(row + int64_t(h) * 512 + 8 * c);
+    const uint4 x = *ptr;
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+    uint32_t out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // pair 4c + j
+      float a = bf16_load(uint16_t(w[j] & 0xffffu)), b = bf16_load(uint16_t(w[j] >> 16));
+      rope_rotate(a, b, cs_s[4 * c + j]);
+      out[j] = uint32_t(bf16_store(a)) | (uint32_t(bf16_store(b)) << 16);
+    }
+    *ptr = make_uint4(out[0], out[1], out[2], out[3]);
+  }
+}
+
+}  // namespace
+
+void check_out_inverse_rope_params(const OutInverseRopeParams& p) {
+  const std::string what = "out_inverse_rope (cuda)";
+  DSV4_REQUIRE(p.num_tokens >= 0, what + ": negative token count");
+  if (p.num_tokens == 0) return;
+  DSV4_REQUIRE(p.num_heads > 0, what + ": num_heads must be positive");
+  DSV4_REQUIRE(p.o && p.positions && p.rope, what + ": o, positions and rope are required");
+  DSV4_REQUIRE(p.o_ld >= int64_t(p.num_heads) * 512 && p.o_ld % 8 == 0 && aligned(p.o, 16),
+          what + ": o must be 16-byte aligned with a row stride >= num_heads * 512, a multiple of 8");
+}
+
+void out_inverse_rope_cuda(const OutInverseRopeParams& p, CUstream_st* stream) {
+  check_out_inverse_rope_params(p);
+  if (p.num_tokens == 0) return;
+  out_rope_kernel<<<unsigned(p.num_tokens), kThreads, 0, stream>>>(p, rope_freqs(*p.rope));
+  cuda_check(cudaGetLastError(), "out_inverse_rope (cuda): launch");
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,113 @@
+// Residual add + RMSNorm + bf16/FP8 (residual_norm.h). One CTA per row, up to
+// 16 warps; warp w holds the 128-wide blocks w, w + warps, ... (4 elements per
+// lane and block, at most kBlocks blocks per warp: an instantiation per bound
+// keeps registers low enough for two CTAs of 512 threads per SM) in registers
+// between the sum of squares and the stores.
+#include "attn/cuda/residual_norm.h"
+
+#include <algorithm>
+#include <string>
+
+#include "attn/cuda/act_quant.cuh"
+#include "attn/cuda/fused_common.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kMaxWarps = 16;
+constexpr int kMaxBlocks = 8;                        // per warp
+constexpr int kMaxDim = kMaxWarps * kMaxBlocks * 128;  // 16384
+
+int warps_for(int dim) { return std::min(kMaxWarps, dim / 128); }
+
+template <int kBlocks>
+__global__ void __launch_bounds__(kMaxWarps * 32, 2) residual_norm_kernel(const ResidualNormParams p) {
+  __shared__ double red[kMaxWarps];
+  const int t = blockIdx.x, warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  const int warps = int(blockDim.x >> 5), blocks = p.dim / 128;
+  const bool real = !p.num_real_tokens || t < __ldg(p.num_real_tokens);
+  const bool norm = p.mode == ResidualMode::kAddNorm;
+  float v[kBlocks][4];
+  double ss = 0.0;
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+    const int kb = warp + j * warps, col = kb * 128 + 4 * lane;
+    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (kb < blocks && real) {
+      if (norm) {
+        float4* hp = reinterpret_cast<float4*>(p.h + int64_t(t) * p.h_ld + col);
+        a = *hp;
+        if (p.y) {
+          float y[4];
+          load_bf16x4(p.y + int64_t(t) * p.y_ld + col, y);
+          a = make_float4(__fadd_rn(a.x, y[0]), __fadd_rn(a.y, y[1]), __fadd_rn(a.z, y[2]), __fadd_rn(a.w, y[3]));
+          *hp = a;
+        }
+      } else {
+        a = *reinterpret_cast<const float4*>(p.input + int64_t(t) * p.input_ld + col);
+      }
+    }
+    v[j][0] = a.x, v[j][1] = a.y, v[j][2] = a.z, v[j][3] = a.w;
+    if (kb < blocks) ss = __dadd_rn(ss, sum_squares4(v[j]));
+  }
+  float inv = 1.0f;
+  if (norm) {  // uniform over the CTA: every thread reaches the barrier
+    warp_partial(ss, red);
+    __syncthreads();
+    inv = rms_inv(red_sum(red, 0, warps), p.dim, p.eps);
+  }
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+    const int kb = warp + j * warps;
+    if (kb >= blocks) break;
+    float x[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) x[k] = real ? bf16_round(norm ? __fmul_rn(v[j][k], inv) : v[j][k]) : 0.0f;
+    if (p.x) store_bf16x4(p.x + int64_t(t) * p.x_ld + kb * 128 + 4 * lane, x);
+    if (p.x_fp8.data) store_act_block(p.x_fp8, t, kb, x);
+  }
+}
+
+}  // namespace
+
+void check_residual_norm_params(const ResidualNormParams& p) {
+  const std::string what = "residual_norm (cuda)";
+  DSV4_REQUIRE(p.num_tokens >= 0, what + ": negative token count");
+  if (p.num_tokens == 0) return;
+  DSV4_REQUIRE(p.dim > 0 && p.dim % 128 == 0 && p.dim <= kMaxDim,
+          what + ": dim must be a positive multiple of 128 up to " + std::to_string(kMaxDim) + ", not " +
+              std::to_string(p.dim));
+  DSV4_REQUIRE(p.x || p.x_fp8.data, what + ": neither x nor x_fp8 is written");
+  if (p.mode == ResidualMode::kAddNorm) {
+    DSV4_REQUIRE(p.h && p.h_ld >= p.dim && p.h_ld % 4 == 0 && aligned(p.h, 16),
+            what + ": h must be 16-byte aligned with a row stride >= dim, a multiple of 4");
+    if (p.y)
+      DSV4_REQUIRE(p.y_ld >= p.dim && p.y_ld % 4 == 0 && aligned(p.y, 8),
+              what + ": y must be 8-byte aligned with a row stride >= dim, a multiple of 4");
+    DSV4_REQUIRE(p.eps >= 0.0f && p.eps < 1.0f, what + ": eps out of range");
+  } else {
+    DSV4_REQUIRE(p.input && p.input_ld >= p.dim && p.input_ld % 4 == 0 && aligned(p.input, 16),
+            what + ": input must be 16-byte aligned with a row stride >= dim, a multiple of 4");
+  }
+  if (p.x)
+    DSV4_REQUIRE(p.x_ld >= p.dim && p.x_ld % 4 == 0 && aligned(p.x, 8),
+            what + ": x must be 8-byte aligned with a row stride >= dim, a multiple of 4");
+  if (p.x_fp8.data || p.x_fp8.scales) check_fp8_out(p.x_fp8, p.num_tokens, p.dim, what + " x_fp8");
+  DSV4_REQUIRE(!p.num_real_tokens || aligned(p.num_real_tokens, 4), what + ": num_real_tokens misaligned");
+}
+
+void residual_norm_cuda(const ResidualNormParams& p, CUstream_st* stream) {
+  check_residual_norm_params(p);
+  if (p.num_tokens == 0) return;
+  const int warps = warps_for(p.dim), per_warp = (p.dim / 128 + warps - 1) / warps;
+  const dim3 grid(unsigned(p.num_tokens)), block(unsigned(32 * warps));
+  if (per_warp <= 2)
+    residual_norm_kernel<2><<<grid, block, 0, stream>>>(p);
+  else if (per_warp <= 4)
+    residual_norm_kernel<4><<<grid, block, 0, stream>>>(p);
+  else
+    residual_norm_kernel<kMaxBlocks><<<grid, block, 0, stream>>>(p);
+  cuda_check(cudaGetLastError(), "residual_norm (cuda): launch");
+}
+
+}  // namespace dsv4::cuda
