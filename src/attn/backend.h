@@ -64,6 +64,14 @@ class AttentionBackend {
   virtual void plan(const StepMetadata& s) = 0;
   // The step's input rows, [T, D] host floats: the residual stream h.
   virtual void set_input(const float* x) = 0;
+  // The stack's loop over the layers (Engine::forward_step) is bracketed by
+  // begin_layers/end_layers, so a backend can capture it (a CUDA graph per
+  // padded decode batch); replay_step() first offers to run the whole loop
+  // from such a capture, and true means it did (no forward() calls follow).
+  // `timed`: measure every layer (layer_seconds).
+  virtual bool replay_step(bool timed) { (void)timed; return false; }
+  virtual void begin_layers(bool timed) { timed_ = timed; }
+  virtual void end_layers() {}
   // One layer on the step's tokens; writes its cache entries. kResidual:
   // y = attn(RMSNorm(h)) and h += y; kSame: y = attn(h) and h unchanged.
   virtual void forward(int layer, LayerInput in, LayerCapture* capture = nullptr) = 0;
@@ -72,7 +80,18 @@ class AttentionBackend {
   virtual void read_output(float* out) = 0;
   // Waits until the work issued so far is done (asynchronous devices).
   virtual void synchronize() {}
+  // Seconds of each layer of the last timed step (after its output was read),
+  // and of its indexer selections (C4A layers), summed.
+  virtual std::vector<double> layer_seconds() = 0;
+  virtual double indexer_seconds() { return 0.0; }
   virtual BackendMemory memory() const = 0;
+  // Benchmarks: every page of every cache arena becomes random valid records
+  // (cache/synthetic_fill.h), so decode can be timed at a long context
+  // without prefilling it.
+  virtual void fill_caches_synthetic(uint64_t seed) = 0;
+
+ protected:
+  bool timed_ = false;
 };
 
 }  // namespace dsv4

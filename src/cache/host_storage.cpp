@@ -1,5 +1,7 @@
 #include "cache/host_storage.h"
 
+#include "cache/synthetic_fill.h"
+
 namespace dsv4 {
 
 HostCacheStorage::HostCacheStorage(const CacheSpec& spec)
@@ -22,6 +24,16 @@ KvPagesMut HostCacheStorage::pages(int layer, CacheKind k) {
 
 KvPages HostCacheStorage::pages(int layer, CacheKind k) const {
   return const_cast<HostCacheStorage*>(this)->pages(layer, k);
+}
+
+void HostCacheStorage::fill_synthetic(uint64_t seed) {
+  for (size_t i = 0; i < arenas_.size(); ++i) {
+    const ArenaSpec& a = spec_.arenas()[i];
+    const int epp = spec_.group(a.group).entries_per_page;
+    for (size_t off = 0; off < arenas_[i].size(); ++off)
+      arenas_[i][off] = synthetic_cache_byte(a.format, epp, seed ^ synthetic_hash(i), int64_t(off / a.page_stride),
+                                             off % a.page_stride);
+  }
 }
 
 int64_t HostCacheStorage::bytes_allocated() const {

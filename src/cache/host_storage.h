@@ -22,6 +22,8 @@ class HostCacheStorage {
   KvPagesMut pages(int layer, CacheKind k);
   KvPages pages(int layer, CacheKind k) const;
   int64_t bytes_allocated() const;
+  // Every allocated page becomes random valid records (cache/synthetic_fill.h).
+  void fill_synthetic(uint64_t seed);
 
  private:
   const CacheSpec& spec_;

@@ -1,7 +1,6 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "attn/cpu/cpu_backend.h"
 #include "common/error.h"
@@ -89,15 +88,17 @@ void Engine::forward_step(const StepMetadata& s, std::span<const float> input, s
   DSV4_REQUIRE(output.size() == input.size(), "engine: output and input sizes differ");
   begin(s, input);
   if (s.num_tokens() == 0) return;
-  for (int l = 0; l < config_.num_layers; ++l) {
-    const auto t0 = std::chrono::steady_clock::now();
-    backend_->forward(l, LayerInput::kResidual);
-    if (!layer_seconds) continue;
-    backend_->synchronize();
-    (*layer_seconds)[size_t(config_.layer_type(l))] +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool timed = layer_seconds != nullptr;
+  if (!backend_->replay_step(timed)) {
+    backend_->begin_layers(timed);
+    for (int l = 0; l < config_.num_layers; ++l) backend_->forward(l, LayerInput::kResidual);
+    backend_->end_layers();
   }
   backend_->read_residual(output.data());
+  if (!timed) return;
+  const std::vector<double> sec = backend_->layer_seconds();
+  for (int l = 0; l < config_.num_layers && size_t(l) < sec.size(); ++l)
+    (*layer_seconds)[size_t(config_.layer_type(l))] += sec[size_t(l)];
 }
 
 void Engine::forward_layers(const StepMetadata& s, std::span<const float> input, bool capture,
@@ -112,6 +113,18 @@ void Engine::forward_layers(const StepMetadata& s, std::span<const float> input,
     }
     visit(l, y, capture ? &cap : nullptr);
   }
+}
+
+void Engine::fast_forward(int64_t id, int64_t length) {
+  DSV4_REQUIRE(blocks_.length(id) == 0, "fast_forward: request " + std::to_string(id) + " is not empty");
+  DSV4_REQUIRE(length > 0 && length <= config_.max_position_embeddings,
+               "fast_forward: length " + std::to_string(length) + " is out of range");
+  // What a decode token at position length - 1 touches is what a request of
+  // `length` tokens holds once committed.
+  blocks_.reserve(id, length - 1, 1);
+  blocks_.commit(id, length);
+  for (CacheGroup g : kAllCacheGroups)
+    if (blocks_.uses(g)) backend_->ensure_pages(g, std::max(1, blocks_.pool(g).high_water()));
 }
 
 void Engine::commit(const StepMetadata& s) {

@@ -67,8 +67,8 @@ class Engine {
   StepMetadata plan(const std::vector<Run>& runs, std::vector<RunError>& errors);
   // The stack on one step: h = input, then for every layer
   // h <- h + attn(RMSNorm(h)); `output` gets the final h. Both [T, D].
-  // With `layer_seconds`, each layer is timed (the backend synchronised after
-  // it) and its time added to its layer type's entry.
+  // With `layer_seconds`, the backend times every layer and each time is
+  // added to its layer type's entry.
   void forward_step(const StepMetadata& s, std::span<const float> input, std::span<float> output,
                     std::array<double, kNumLayerTypes>* layer_seconds = nullptr);
   // Every layer on the same input (the golden replay's schedule, SPEC §10);
@@ -76,6 +76,12 @@ class Engine {
   void forward_layers(const StepMetadata& s, std::span<const float> input, bool capture, const LayerVisitor& visit);
   // The step's tokens are now part of their requests.
   void commit(const StepMetadata& s);
+
+  // Benchmarks: an open, empty request now holds `length` tokens whose cache
+  // entries are whatever its pages hold (fill_caches_synthetic: random valid
+  // records), so decode can start at a long context without a prefill.
+  void fast_forward(int64_t id, int64_t length);
+  void fill_caches_synthetic(uint64_t seed) { backend_->fill_caches_synthetic(seed); }
 
   const ModelConfig& config() const { return config_; }
   const EngineOptions& options() const { return options_; }

@@ -1,5 +1,6 @@
 #include "attn/cpu/cpu_backend.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "attn/cpu/cpu_layer.h"
@@ -33,8 +34,16 @@ class CpuBackend final : public AttentionBackend {
 
   void set_input(const float* x) override { std::memcpy(h_.data(), x, h_.size() * sizeof(float)); }
 
+  void begin_layers(bool timed) override {
+    timed_ = timed;
+    seconds_.assign(layers_.size(), 0.0);
+  }
+
+  std::vector<double> layer_seconds() override { return seconds_; }
+
   void forward(int layer, LayerInput in, LayerCapture* capture) override {
     DSV4_REQUIRE(step_ != nullptr, "cpu backend: forward() before plan()");
+    const auto t0 = std::chrono::steady_clock::now();
     DSV4_REQUIRE(layer >= 0 && layer < int(layers_.size()), "cpu backend: no layer " + std::to_string(layer));
     const int D = config_.hidden_size, T = step_->num_tokens();
     const bool prod = opt_.profile == Profile::kProduction;
@@ -50,7 +59,11 @@ class CpuBackend final : public AttentionBackend {
     layers_[size_t(layer)]->forward(step_->view(), caches(layer), x_.data(), y_.data(), capture);
     if (in == LayerInput::kResidual)
       for (size_t i = 0; i < h_.size(); ++i) h_[i] += y_[i];
+    if (timed_ && size_t(layer) < seconds_.size())
+      seconds_[size_t(layer)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+
+  void fill_caches_synthetic(uint64_t seed) override { storage_.fill_synthetic(seed); }
 
   void read_residual(float* out) override { std::memcpy(out, h_.data(), h_.size() * sizeof(float)); }
   void read_output(float* out) override { std::memcpy(out, y_.data(), y_.size() * sizeof(float)); }
@@ -90,6 +103,7 @@ class CpuBackend final : public AttentionBackend {
   std::vector<std::unique_ptr<CpuLayer>> layers_;
   const StepMetadata* step_ = nullptr;
   std::vector<float> h_, x_, y_;
+  std::vector<double> seconds_;
   int64_t weight_bytes_ = 0;
 };
 

@@ -11,6 +11,8 @@
 #include "cache/cache_spec.h"
 #include "cache/pages.h"
 
+struct CUstream_st;
+
 namespace dsv4::cuda {
 
 class DeviceCache {
@@ -25,6 +27,8 @@ class DeviceCache {
   KvPagesMut pages(int layer, CacheKind k) const;
   int32_t pages(CacheGroup g) const { return pages_[size_t(g)]; }
   int64_t bytes() const { return bytes_; }
+  // Every page becomes random valid records (cache/synthetic_fill.h).
+  void fill_synthetic(uint64_t seed, CUstream_st* stream);
 
   // Bytes of one page id over all arenas of a group.
   static int64_t page_bytes(const CacheSpec& spec, CacheGroup g) { return int64_t(spec.group(g).page_bytes); }

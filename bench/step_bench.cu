@@ -1,0 +1,214 @@
+// The step benchmark of issue #12 (SPEC §8): the whole attention stack of
+// V4-Flash (synthetic FP8 weights) on one GPU through the engine.
+//  - decode: one token per request per step, timed by CUDA-graph replay, for
+//    batch {1, 8, 32, 128} x context {4K, 64K} and batch {1, 8} x 1M. The
+//    caches are filled with random valid records (cache/synthetic_fill.h)
+//    and the requests fast-forwarded to the context instead of prefilled.
+//  - prefill: one 64K-token prompt in 8K-token chunks (a real prefill).
+//  - --prefill-1m: one request prefilled to 1,048,576 tokens in 8K chunks,
+//    then decoding: time, where it went, cache memory held.
+// Per row: time, bytes moved (weights + caches read and written), the
+// roofline at 4.3 TB/s, the ratio, time per layer type. --json FILE too.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cache/fp8_ds_mla.h"
+#include "runtime/engine.h"
+#include "runtime/workload.h"
+
+using namespace dsv4;
+
+namespace {
+
+constexpr double kBandwidth = 4.3e12;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Bytes one decode token at position pos reads and writes in the caches,
+// over all layers (SPEC §8): window and selected/visible compressed entries
+// (584 B each), the indexer's scan of every visible C4A key, the SWA record
+// and state rows it writes.
+double cache_bytes_per_token(const ModelConfig& c, const CacheSpec& spec, int64_t pos) {
+  const double key = spec.formats().index_keys == IndexKeyFormat::kFp8 ? 132 : 68;
+  double bytes = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerType t = c.layer_type(l);
+    const double window = double(std::min<int64_t>(pos + 1, 128));
+    bytes += (window + 1) * kKvEntryBytes;  // read the window, write one record
+    if (t == LayerType::kC4A) {
+      const double visible = double((pos + 1) / 4);
+      bytes += std::min(visible, double(c.index_topk)) * kKvEntryBytes + visible * key;
+      bytes += 8.0 * 2 * 2 * (512 + 128) * 4;  // the state rows the block end reads
+    } else if (t == LayerType::kC128A) {
+      bytes += double((pos + 1) / 128) * kKvEntryBytes + 2 * 512 * 4;
+    }
+  }
+  return bytes;
+}
+
+struct Bench {
+  ModelConfig config = preset_config("flash");
+  std::unique_ptr<Engine> engine;
+  std::vector<float> x, y;
+  nlohmann::json rows = nlohmann::json::array();
+  int64_t next_id = 0;
+
+  explicit Bench(int64_t max_requests, int64_t max_context, double gpu_memory) {
+    EngineOptions o;
+    o.device = Device::kCuda;
+    o.gpu_memory = gpu_memory;
+    o.workload = CacheWorkload{max_requests, max_context, 8192};
+    const auto t0 = std::chrono::steady_clock::now();
+    engine = Engine::from_seed(config, 1, o);
+    const BackendMemory m = engine->backend().memory();
+    std::printf("engine: %.1f s to build; device memory: weights %.2f GB, caches %.2f GB, workspace %.2f GB; "
+                "admits %lld tokens of context\n",
+                seconds_since(t0), m.weights / 1e9, m.caches / 1e9, m.workspace / 1e9,
+                (long long)engine->blocks().limits().context_tokens(engine->cache_spec()));
+    engine->fill_caches_synthetic(7);
+  }
+
+  double weight_bytes() const { return double(engine->backend().memory().weights); }
+
+  // One engine step over `runs`; returns wall seconds (plan, copies, replay, read).
+  double step(const std::vector<dsv4::Run>& runs, std::array<double, kNumLayerTypes>* layer_s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<RunError> errors;
+    const StepMetadata s = engine->plan(runs, errors);
+    if (!errors.empty()) throw Error("step rejected: " + errors[0].message);
+    const size_t n = size_t(s.num_tokens()) * size_t(config.hidden_size);
+    x.resize(n), y.resize(n);
+    for (int t = 0; t < s.num_tokens(); ++t)
+      synthetic_embedding(1, s.runs[size_t(s.token_run()[size_t(t)])].request, s.positions()[size_t(t)],
+                          config.hidden_size, x.data() + size_t(t) * config.hidden_size);
+    engine->forward_step(s, x, y, layer_s);
+    engine->commit(s);
+    return seconds_since(t0);
+  }
+
+  void decode_row(int batch, int64_t context, int steps) {
+    std::vector<int64_t> ids;
+    for (int b = 0; b < batch; ++b) {
+      ids.push_back(next_id++);
+      engine->open_request(ids.back());
+      engine->fast_forward(ids.back(), context);
+    }
+    auto runs_at = [&](int k) {
+      std::vector<dsv4::Run> runs;
+      for (int64_t id : ids) runs.push_back({id, context + k, 1});
+      return runs;
+    };
+    int k = 0;
+    for (; k < 3; ++k) step(runs_at(k), nullptr);  // eager, captured, replayed
+    std::vector<double> wall;
+    for (int i = 0; i < steps; ++i, ++k) wall.push_back(step(runs_at(k), nullptr));
+    std::array<double, kNumLayerTypes> per_type{};
+    for (int i = 0; i < 2; ++i, ++k) step(runs_at(k), &per_type);  // timed replays: eager, captured
+    per_type = {};
+    step(runs_at(k++), &per_type);  // a timed replay
+    std::sort(wall.begin(), wall.end());
+    const double t = wall[wall.size() / 2];
+    const double bytes = weight_bytes() + batch * cache_bytes_per_token(config, engine->cache_spec(), context);
+    const double roof = bytes / kBandwidth;
+    std::printf("| decode | %3d | %8lld | %8.3f | %9.2f | %8.3f | %5.2f | %7.3f %7.3f %7.3f | %9.1f |\n", batch,
+                (long long)context, t * 1e3, bytes / 1e9, roof * 1e3, t / roof, per_type[0] * 1e3, per_type[1] * 1e3,
+                per_type[2] * 1e3, batch / t);
+    std::fflush(stdout);
+    rows.push_back({{"kind", "decode"}, {"batch", batch}, {"context", context}, {"step_ms", t * 1e3},
+                    {"bytes", bytes}, {"roofline_ms", roof * 1e3}, {"ratio", t / roof},
+                    {"ms_per_type", {{"swaonly", per_type[0] * 1e3}, {"c4a", per_type[1] * 1e3},
+                                     {"c128a", per_type[2] * 1e3}}},
+                    {"tokens_per_s", batch / t}, {"caches", "synthetic (random valid records)"}});
+    for (int64_t id : ids) engine->close_request(id);
+  }
+
+  // One prompt of `length` tokens in chunks; returns seconds. Decodes `gen` after.
+  void prefill_row(int64_t length, int chunk, int gen, bool verbose) {
+    const int64_t id = next_id++;
+    engine->open_request(id);
+    double total = 0, indexer = 0;
+    std::array<double, kNumLayerTypes> per_type{};
+    for (int64_t pos = 0; pos < length; pos += chunk) {
+      const int len = int(std::min<int64_t>(chunk, length - pos));
+      const double t = step({{id, pos, len}}, &per_type);
+      const double idx = engine->backend().indexer_seconds();
+      total += t, indexer += idx;
+      if (verbose && (pos / chunk) % 16 == 0)
+        std::printf("  chunk at %8lld: %.3f s (indexer %.3f s)\n", (long long)pos, t, idx);
+    }
+    const double held = double(engine->blocks().bytes_in_use());
+    std::printf("| prefill | 1 | %8lld | %8.1f s | %8.0f tok/s | indexer %.1f%% | swa %.2f c4a %.2f c128a %.2f s | "
+                "caches held %.2f GB |\n",
+                (long long)length, total, length / total, 100 * indexer / total, per_type[0], per_type[1],
+                per_type[2], held / 1e9);
+    std::fflush(stdout);
+    nlohmann::json row = {{"kind", "prefill"}, {"length", length}, {"chunk", chunk}, {"seconds", total},
+                          {"tokens_per_s", length / total}, {"indexer_seconds", indexer},
+                          {"seconds_per_type", {{"swaonly", per_type[0]}, {"c4a", per_type[1]}, {"c128a", per_type[2]}}},
+                          {"cache_bytes_held", held}};
+    if (gen > 0) {
+      std::vector<double> wall;
+      for (int k = 0; k < gen; ++k) wall.push_back(step({{id, length + k, 1}}, nullptr));
+      std::sort(wall.begin(), wall.end());
+      std::printf("  then decode at %lld: %.3f ms per step (median of %d)\n", (long long)length,
+                  wall[wall.size() / 2] * 1e3, gen);
+      row["decode_step_ms"] = wall[wall.size() / 2] * 1e3;
+    }
+    rows.push_back(row);
+    engine->close_request(id);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false, big_prefill = false;
+  std::string json;
+  double gpu_memory = 0.9;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--prefill-1m") big_prefill = true;
+    else if (a == "--json" && i + 1 < argc) json = argv[++i];
+    else if (a == "--gpu-memory" && i + 1 < argc) gpu_memory = std::atof(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: %s [--quick] [--prefill-1m] [--json FILE] [--gpu-memory F]\n", argv[0]);
+      return 2;
+    }
+  }
+  try {
+    if (big_prefill) {
+      Bench b(1, (int64_t(1) << 20) + 64, gpu_memory);
+      b.prefill_row(int64_t(1) << 20, 8192, 16, true);
+      if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
+      return 0;
+    }
+    Bench b(128, (int64_t(1) << 20) + 64, gpu_memory);
+    std::printf("\nweights %.2f GB per step: floor %.3f ms at 4.3 TB/s\n", b.weight_bytes() / 1e9,
+                b.weight_bytes() / kBandwidth * 1e3);
+    std::printf("| row | batch | context | step ms | GB moved | roofline ms | ratio | swaonly c4a c128a ms | tok/s |\n"
+                "|---|---|---|---|---|---|---|---|---|\n");
+    const int steps = quick ? 5 : 20;
+    for (int64_t ctx : {int64_t(4096), int64_t(65536)})
+      for (int batch : {1, 8, 32, 128}) b.decode_row(batch, ctx, steps);
+    for (int batch : {1, 8}) b.decode_row(batch, int64_t(1) << 20, steps);
+    b.prefill_row(65536, 8192, 0, false);
+    if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "step_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
