@@ -2,10 +2,17 @@
 // The lightning indexer of SPEC §4.4 on the CPU: per query token, score every
 // visible C4A slot by sum_h w_h * ReLU(q_h . K_j) and keep the best
 // k = min(index_topk, visible) slots.
+//
+// Production numerics are the flat ops of attn/indexer_params.h
+// (indexer_queries_cpu, indexer_select_cpu), the twins of the CUDA ops in
+// attn/cuda/indexer_*_cuda.h: same inputs, same bits. IndexerOp runs them
+// (production) or the float32 path (exact profile) behind the layer's
+// interface.
 #include <cstdint>
 #include <vector>
 
 #include "attn/cpu/linear.h"
+#include "attn/indexer_params.h"
 #include "cache/index_key_format.h"
 #include "cache/page_store.h"
 #include "model/config.h"
@@ -13,6 +20,27 @@
 #include "runtime/step.h"
 
 namespace dsv4 {
+
+// ---- the flat production ops (host pointers) ------------------------------------
+
+// Op 1 of attn/indexer_params.h: quantized query records and head weights.
+void indexer_queries_cpu(const IndexerQueryParams& p);
+
+// Scores of keys j in [0, n) for token t of run `run` (NaN where a key has no
+// page); the arithmetic of op 2.
+void indexer_scores_cpu(const IndexerQueries& q, int t, const BlockTableView& table, int run, const KvPages& keys,
+                        int64_t n, float* scores);
+
+// Op 2: picks, global slots and lengths. Keys are scored in tiles of
+// `key_tile` per run; each token keeps only its best k so far (memory
+// O(tile + T * k) at any context length).
+void indexer_select_cpu(const IndexerSelectParams& p, int key_tile = 2048);
+
+// Checks shapes and pointers of the ops' params; throws Error naming the problem.
+void check_indexer_query_params(const IndexerQueryParams& p);
+void check_indexer_select_params(const IndexerSelectParams& p);
+
+// ---- the layer's op ----------------------------------------------------------------
 
 class IndexerOp {
  public:
@@ -27,12 +55,16 @@ class IndexerOp {
                                            const PageStore& keys) const;
 
  private:
-  // Queries [T, nI, 128] as the scorer sees them, and head weights [T, nI].
-  void queries(const StepMetadata& s, const float* x, const float* cq, std::vector<float>& q,
-               std::vector<float>& w) const;
-  // Scores of n consecutive decoded keys for one token.
-  void score(const float* q, const float* w, const float* keys, int64_t n, float* scores,
-             std::vector<float>& scratch) const;
+  std::vector<std::vector<int32_t>> select_production(const StepMetadata& s, const float* x, const float* cq,
+                                                      const PageStore& keys) const;
+  std::vector<std::vector<int32_t>> select_exact(const StepMetadata& s, const float* x, const float* cq,
+                                                 const PageStore& keys) const;
+  // Exact profile: float32 queries [T, nI, 128] and head weights [T, nI].
+  void queries_exact(const StepMetadata& s, const float* x, const float* cq, std::vector<float>& q,
+                     std::vector<float>& w) const;
+  // Exact profile: scores of n consecutive decoded keys for one token.
+  void score_exact(const float* q, const float* w, const float* keys, int64_t n, float* scores,
+                   std::vector<float>& scratch) const;
 
   const ModelConfig& config_;
   Profile profile_;
