@@ -98,6 +98,11 @@ struct IndexerSelectParams {
   int32_t* lengths = nullptr;  // [num_tokens] picks per token
 };
 
+// Shapes and pointers of the ops' params, shared by both backends (defined
+// in attn/cpu/indexer.cpp); throw Error naming the problem.
+void check_indexer_query_params(const IndexerQueryParams& p);
+void check_indexer_select_params(const IndexerSelectParams& p);
+
 // ---- scalar arithmetic shared by the backends --------------------------------
 
 // 1 / sqrt(128) as numerics/hadamard.cpp scales, and the head-weight factor

@@ -36,10 +36,6 @@ void indexer_scores_cpu(const IndexerQueries& q, int t, const BlockTableView& ta
 // O(tile + T * k) at any context length).
 void indexer_select_cpu(const IndexerSelectParams& p, int key_tile = 2048);
 
-// Checks shapes and pointers of the ops' params; throws Error naming the problem.
-void check_indexer_query_params(const IndexerQueryParams& p);
-void check_indexer_select_params(const IndexerSelectParams& p);
-
 // ---- the layer's op ----------------------------------------------------------------
 
 class IndexerOp {
