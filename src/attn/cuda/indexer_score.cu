@@ -9,7 +9,8 @@
 //     filled and not read);
 //  2. builds the A fragments (keys) in registers and runs, per token,
 //     4 wgmma m64n64k32 steps against that token's 64 query heads (B, in
-//     shared memory since the unit started):
+//     shared memory since the unit started); token t + 1's chain is issued
+//     before token t's epilogue, into a second accumulator set:
 //       MXFP4: s8 x s8 -> s32. Codes become 2 * e2m1 << (block exponent -
 //              the vector's smallest), on both sides, so one exact integer
 //              chain covers all four blocks: dot = acc * 2^(Eq + Ek) with
@@ -26,9 +27,10 @@
 //     order, then over the quad ((p0 + p1) + (p2 + p3)): IndexerHeadSum's
 //     order. score = bf16(sum) * 2^Ek. Since every step commutes with power
 //     of two scaling while values stay normal, this equals the CPU's score
-//     bit for bit when the exponents pass fast_ok (|Eq|, |Ek| <= 32,
-//     w = 0 or 2^-32 <= |w| <= 2^32). A tile with a key or token outside
-//     that runs the exact scalar path (the CPU's functions) instead;
+//     bit for bit when the exponents pass the fast path's checks (|Eq|,
+//     |Ek| <= 32, w = 0 or 2^-32 <= |w| <= 2^32, no NaN scale). For a tile
+//     with a key or token outside that, the exact scalar path (the CPU's
+//     functions) overwrites the scores afterwards;
 //  4. appends keys better than the token's threshold to the warpgroup's
 //     candidate buffer; a full buffer is cut to the best k (radix select),
 //     which raises the threshold.
@@ -147,27 +149,30 @@ struct Fold {
   int shift[4];
   bool ok;
 };
+// Written without branches: it feeds the A fragments, and a divergent branch
+// there makes ptxas serialize the wgmma chains.
 __device__ __forceinline__ Fold mxfp4_fold(uint32_t scale_word, uint32_t nonzero) {
   Fold f;
+  int e[4];
+  bool used[4];
   int lo = 1000, hi = -1000;
   bool nan = false;
 #pragma unroll
   for (int b = 0; b < 4; ++b) {
     const int byte = int((scale_word >> (8 * b)) & 0xffu);
-    nan = nan || byte == 0xff;
-    if (nonzero & (1u << b)) {
-      lo = min(lo, byte - 127);
-      hi = max(hi, byte - 127);
-    }
+    e[b] = byte - 127;
+    used[b] = ((nonzero >> b) & 1u) != 0;
+    nan |= byte == 0xff;
+    lo = min(lo, used[b] ? e[b] : 1000);
+    hi = max(hi, used[b] ? e[b] : -1000);
   }
-  if (hi < lo) lo = hi = 1;  // all codes zero: any exponent; Eq = 0
+  const bool none = hi < lo;  // all codes zero: any exponent; Eq = 0
+  lo = none ? 1 : lo;
+  hi = none ? 1 : hi;
   f.emin = lo;
 #pragma unroll
-  for (int b = 0; b < 4; ++b) {
-    const int e = int((scale_word >> (8 * b)) & 0xffu) - 127;
-    f.shift[b] = (nonzero & (1u << b)) ? min(max(e - lo, 0), 3) : 0;
-  }
-  f.ok = !nan && hi - lo <= 3 && lo - 1 >= -kFastExp && lo - 1 <= kFastExp;
+  for (int b = 0; b < 4; ++b) f.shift[b] = used[b] ? min(max(e[b] - lo, 0), 3) : 0;
+  f.ok = !nan & (hi - lo <= 3) & (lo - 1 >= -kFastExp) & (lo - 1 <= kFastExp);
   return f;
 }
 // An FP8 record's scale: a positive normal power of two with a small exponent.
@@ -342,10 +347,14 @@ __device__ void tile_exact(const IndexerSelectParams& p, const Smem& s, const ui
   }
 }
 
+__device__ __forceinline__ void wg_sync(int wg) { bar_sync(1 + wg, 128); }
+
 // ---- one tile of a warpgroup ---------------------------------------------------------
-template <bool kFp8>
-__device__ void score_tile(const IndexerSelectParams& p, const Smem& s, const uint8_t* stage, int wg, int G,
-                           int64_t j0, int n_max) {
+// kG: the group's tokens, a template parameter so that no branch depends on
+// it while a wgmma chain is in flight (ptxas would serialize the chains).
+template <bool kFp8, int kG>
+__device__ void score_tile(const IndexerSelectParams& p, const Smem& s, const uint8_t* stage, int wg, int64_t j0,
+                           int n_max) {
   constexpr int kCode = kFp8 ? kIndexDim : kIndexDim / 2;
   const int wt = threadIdx.x & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, q = lane & 3;
   const int r0 = 16 * warp + g, r1 = r0 + 8;
@@ -367,7 +376,7 @@ __device__ void score_tile(const IndexerSelectParams& p, const Smem& s, const ui
   bool ok;
   if constexpr (kFp8) {
     const bool ok0 = fp8_scale_ok(__uint_as_float(sc0), ek0), ok1 = fp8_scale_ok(__uint_as_float(sc1), ek1);
-    ok = (!valid0 || ok0) && (!valid1 || ok1);
+    ok = (!valid0 | ok0) & (!valid1 | ok1);
   } else {
     // Which blocks of the two rows hold a nonzero code: lanes 4 g .. 4 g + 3 hold blocks 0..3.
     const uint32_t nz0 = __ballot_sync(0xffffffffu, nonzero_e2m1(w0[0] | w0[1] | w0[2] | w0[3]) != 0);
@@ -377,7 +386,7 @@ __device__ void score_tile(const IndexerSelectParams& p, const Smem& s, const ui
     ek1 = f1.emin - 1;
     shift0 = f0.shift[q];
     shift1 = f1.shift[q];
-    ok = (!valid0 || f0.ok) && (!valid1 || f1.ok);
+    ok = (!valid0 | f0.ok) & (!valid1 | f1.ok);
   }
   // Warpgroup-wide: any key outside the fast path's range? (Also a barrier.)
   uint32_t bad;
@@ -386,10 +395,6 @@ __device__ void score_tile(const IndexerSelectParams& p, const Smem& s, const ui
       : "=r"(bad)
       : "r"(uint32_t(ok)), "r"(1 + wg)
       : "memory");
-  if (bad || !m->all_ok) {
-    tile_exact<kFp8>(p, s, stage, wg, wt, G, j0);
-    return;
-  }
   // A fragments: k-step st takes word st (MXFP4: 8 codes) or words 2 st, 2 st + 1 (FP8).
   uint32_t a[4][4];
 #pragma unroll
@@ -406,43 +411,62 @@ __device__ void score_tile(const IndexerSelectParams& p, const Smem& s, const ui
       a[st][3] = e2m1x4_to_s8(w1[st] >> 16, shift1);
     }
   }
+  // Materialize the fragments here: left to the scheduler, the conversions
+  // sink between the wgmmas and ptxas must insert fences there.
+#pragma unroll
+  for (int st = 0; st < 4; ++st)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[st][i]));
   const float kscale0 = exp2_int(ek0), kscale1 = exp2_int(ek1);
   const uint32_t qbase = smem_u32(s.base + kOffQ);
+  // Token tl + 1's chain runs while token tl's epilogue does (two accumulator sets).
+  using Acc = std::conditional_t<kFp8, float, uint32_t>;
+  Acc acc0[32], acc1[32];
+  auto issue = [&](int tl, Acc(&acc)[32]) {
 #pragma unroll
-  for (int tl = 0; tl < kGroupTokens; ++tl) {
-    if (tl >= G) break;
+    for (int i = 0; i < 32; ++i) acc[i] = Acc(0);  // overwritten (scale-d 0)
     const uint64_t db = sw128_desc(qbase + tl * kQTileBytes, 16, 1024);
-    float s0, s1;
+    wgmma_fence();
     if constexpr (kFp8) {
-      float acc[32];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) acc[i] = 0.0f;  // overwritten (scale-d 0)
-      wgmma_fence();
-#pragma unroll
-      for (int st = 0; st < 4; ++st) wgmma_e4m3_rs(acc, a[st], db + ((32 * st) >> 4), st);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(acc);
-      tile_epilogue(acc, s.wpairs<kFp8>() + (tl * 4 + q) * 8, s0, s1);
+      wgmma_e4m3_rs<0>(acc, a[0], db);
+      wgmma_e4m3_rs<1>(acc, a[1], db + 2);  // + 32 bytes per k-step (descriptor units of 16)
+      wgmma_e4m3_rs<1>(acc, a[2], db + 4);
+      wgmma_e4m3_rs<1>(acc, a[3], db + 6);
     } else {
-      uint32_t acc[32];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) acc[i] = 0;  // overwritten (scale-d 0)
-      wgmma_fence();
-#pragma unroll
-      for (int st = 0; st < 4; ++st) wgmma_s8_rs(acc, a[st], db + ((32 * st) >> 4), st);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(acc);
-      tile_epilogue(acc, s.wpairs<kFp8>() + (tl * 4 + q) * 8, s0, s1);
+      wgmma_s8_rs<0>(acc, a[0], db);
+      wgmma_s8_rs<1>(acc, a[1], db + 2);
+      wgmma_s8_rs<1>(acc, a[2], db + 4);
+      wgmma_s8_rs<1>(acc, a[3], db + 6);
     }
+    wgmma_commit();
+  };
+  issue(0, acc0);
+#pragma unroll
+  for (int tl = 0; tl < kG; ++tl) {
+    Acc(&cur)[32] = (tl & 1) ? acc1 : acc0;
+    if (tl + 1 < kG) {
+      issue(tl + 1, (tl & 1) ? acc0 : acc1);
+      wgmma_wait<1>();  // token tl's chain is done, tl + 1's may run on
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_acc(cur);
+    float s0, s1;
+    tile_epilogue(cur, s.wpairs<kFp8>() + (tl * 4 + q) * 8, s0, s1);
+    // Every lane of the quad holds both scores: all store (no divergent
+    // branch while the next chain is in flight).
     float* out = s.scores<kFp8>(wg, tl);
-    if (q == 0) out[r0] = __fmul_rn(s0, kscale0);
-    if (q == 1) out[r1] = __fmul_rn(s1, kscale1);
+    out[r0] = __fmul_rn(s0, kscale0);
+    out[r1] = __fmul_rn(s1, kscale1);
+  }
+  // A key or token outside the fast path's range: the exact path overwrites
+  // the tile's scores. (After the chains, not around them: a wgmma under a
+  // data-dependent branch makes ptxas serialize the chains.)
+  if (bad || !m->all_ok) {
+    wg_sync(wg);  // the fast path's stores land first
+    tile_exact<kFp8>(p, s, stage, wg, wt, kG, j0);
   }
 }
-
-__device__ __forceinline__ void wg_sync(int wg) { bar_sync(1 + wg, 128); }
 
 // Cuts a warpgroup's buffer of one token to its best k; raises the threshold.
 template <bool kFp8>
@@ -471,11 +495,11 @@ __device__ void compact(const Smem& s, int wg, int tl, int k) {
 }
 
 // A warpgroup's tiles of the unit: tile_begin + wg, + 2, ...
-template <bool kFp8, bool kSelect>
+template <bool kFp8, bool kSelect, int kG>
 __device__ void consume(const IndexerSelectParams& p, const Smem& s, const Group& gr, const Unit& un) {
   const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127, lane = wt & 31;
   Misc* m = s.misc<kFp8>();
-  const int G = gr.count;
+  constexpr int G = kG;
   int n_max = 0;
   for (int tl = 0; tl < G; ++tl) n_max = max(n_max, m->tok_n[tl]);
   const int first = un.tile_begin + wg;
@@ -494,7 +518,7 @@ __device__ void consume(const IndexerSelectParams& p, const Smem& s, const Group
     wg_sync(wg);                         // and everyone's
     const TileRef ref = tile_ref(p, gr.run, tile_of(i));
     if (ref.page == nullptr) continue;   // no page: no keys (uniform)
-    score_tile<kFp8>(p, s, s.stage<kFp8>(wg, i % kStages), wg, G, ref.j0, n_max);
+    score_tile<kFp8, kG>(p, s, s.stage<kFp8>(wg, i % kStages), wg, ref.j0, n_max);
     wg_sync(wg);  // scores visible
     if constexpr (kSelect) {
       for (int base = 0; base < G * kTileKeys; base += 128) {
@@ -562,7 +586,12 @@ __global__ void __launch_bounds__(kScoreThreads, 1) score_kernel(const SelectArg
     const Unit un = a.ws.units[u];
     const Group gr = a.ws.groups[un.group];
     load_queries<kFp8>(a.p, s, gr);
-    consume<kFp8, kSelect>(a.p, s, gr, un);
+    switch (gr.count) {  // uniform: one instantiation per group size
+      case 1: consume<kFp8, kSelect, 1>(a.p, s, gr, un); break;
+      case 2: consume<kFp8, kSelect, 2>(a.p, s, gr, un); break;
+      case 3: consume<kFp8, kSelect, 3>(a.p, s, gr, un); break;
+      default: consume<kFp8, kSelect, 4>(a.p, s, gr, un); break;
+    }
     __syncthreads();
     if constexpr (kSelect) {
       write_lists<kFp8>(a, s, gr, un);
