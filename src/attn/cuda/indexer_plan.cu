@@ -8,10 +8,11 @@
 // Units: with W = sum over groups of tokens x tiles ("token-tiles", the
 // scoring work), each unit carries about L = ceil(W / target_units) of it,
 // and at least min_unit_tiles tiles (so that its lists keep at most about
-// half of its keys): a group of c tokens and n tiles is cut into
-// S = min(ceil(c n / L), max(1, n / min_unit_tiles)) units of consecutive
-// tiles. Then sum S <= target + groups and sum S c <= 4 target + tokens,
-// the workspace's bounds.
+// half of its keys); a group has at most max_group_units units (finalize
+// merges a token's lists on one CTA). A group of c tokens and n tiles is cut
+// into S = min(ceil(c n / L), max(1, n / min_unit_tiles), max_group_units)
+// units of consecutive tiles. Then sum S <= target + groups and
+// sum S c <= 4 target + tokens, the workspace's bounds.
 #include <cuda_runtime.h>
 
 #include "attn/cuda/indexer_select_internal.cuh"
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) 
   auto units_of = [&](const Group& gr) -> int64_t {
     if (gr.tiles == 0) return 0;
     const int64_t by_work = (int64_t(gr.count) * gr.tiles + unit_work - 1) / unit_work;
-    return min(by_work, max(int64_t(1), int64_t(gr.tiles) / ws.min_unit_tiles));
+    return min(min(by_work, max(int64_t(1), int64_t(gr.tiles) / ws.min_unit_tiles)), int64_t(ws.max_group_units));
   };
 
   // Units and lists of this thread's groups (the same groups as above).

@@ -83,6 +83,10 @@ IndexerSelectCuda::IndexerSelectCuda(const IndexerSelectCudaLimits& limits) : im
     ws.target_units = kUnitsPerSm * impl_->grid;
     // A unit of one token holds at least 2k keys, so its list keeps at most half of them.
     ws.min_unit_tiles = std::max(1, 2 * ((limits.topk + cuda::ix::kTileKeys - 1) / cuda::ix::kTileKeys));
+    // Merging S lists of k keys costs about S * k * 32 bytes of reads on one
+    // multiprocessor; 64 balances that against the scoring's parallelism for
+    // a single token at 1M context (4,096 tiles).
+    ws.max_group_units = 64;
     ws.max_units = ws.target_units + tokens;
     ws.max_lists = cuda::ix::kGroupTokens * ws.target_units + tokens;
     ws.list_stride = limits.topk;

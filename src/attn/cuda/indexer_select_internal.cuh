@@ -54,7 +54,8 @@ struct Workspace {
   int32_t* list_counts = nullptr; // [max_lists]
   int max_units = 0, max_lists = 0;
   int target_units = 0;    // about this many units per call (balanced work)
-  int min_unit_tiles = 1;  // smallest unit, in token-tiles
+  int min_unit_tiles = 1;  // smallest unit, in tiles
+  int max_group_units = 1; // most units per group (its tokens' lists are merged by one CTA)
   int list_stride = 0;     // keys per list (the limits' topk)
 };
 
