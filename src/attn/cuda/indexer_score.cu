@@ -66,7 +66,7 @@ constexpr int stage_bytes() {
 // Shared memory (offsets from a 1024-aligned base).
 struct Misc {
   int unit;
-  int all_ok;                              // every head of every token passes fast_ok
+  int all_ok;                              // every head of every token passes the fast path's checks
   int out_count;
   int tok_t[kGroupTokens];                 // global token index
   int tok_n[kGroupTokens];                 // visible keys
@@ -186,8 +186,8 @@ __device__ __forceinline__ uint32_t nonzero_e2m1(uint32_t w) { return (w & 0x777
 
 // ---- the unit's queries --------------------------------------------------------
 // Thread (tl, h) = (tid / 64, tid % 64) writes B row h of token tl: chunk c
-// word qq holds dims 32 qq + 4 c .. + 3 (the permuted K order; see
-// load_keys), and the head's w'' into the weight pairs.
+// word qq holds dims 32 qq + 4 c .. + 3 (the permuted K order of the A
+// fragments, see score_tile), and the head's w'' into the weight pairs.
 template <bool kFp8>
 __device__ void load_queries(const IndexerSelectParams& p, const Smem& s, const Group& gr) {
   Misc* m = s.misc<kFp8>();
