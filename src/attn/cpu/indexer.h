@@ -3,7 +3,7 @@
 // visible C4A slot by sum_h w_h * ReLU(q_h . K_j) and keep the best
 // k = min(index_topk, visible) slots.
 //
-// Production numerics are the flat ops of attn/indexer_params.h
+// Production numerics are the flat ops of attn/cpu/indexer_twin.h
 // (indexer_queries_cpu, indexer_select_cpu), the twins of the CUDA ops in
 // attn/cuda/indexer_*_cuda.h: same inputs, same bits. IndexerOp runs them
 // (production) or the float32 path (exact profile) behind the layer's
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attn/cpu/indexer_twin.h"
 #include "attn/cpu/linear.h"
 #include "attn/indexer_params.h"
 #include "cache/index_key_format.h"
@@ -20,21 +21,6 @@
 #include "runtime/step.h"
 
 namespace dsv4 {
-
-// ---- the flat production ops (host pointers) ------------------------------------
-
-// Op 1 of attn/indexer_params.h: quantized query records and head weights.
-void indexer_queries_cpu(const IndexerQueryParams& p);
-
-// Scores of keys j in [0, n) for token t of run `run` (NaN where a key has no
-// page); the arithmetic of op 2.
-void indexer_scores_cpu(const IndexerQueries& q, int t, const BlockTableView& table, int run, const KvPages& keys,
-                        int64_t n, float* scores);
-
-// Op 2: picks, global slots and lengths. Keys are scored in tiles of
-// `key_tile` per run; each token keeps only its best k so far (memory
-// O(tile + T * k) at any context length).
-void indexer_select_cpu(const IndexerSelectParams& p, int key_tile = 2048);
 
 // ---- the layer's op ----------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 // The lightning indexer on both backends, same random inputs (test-backend-ops):
 // the CUDA ops of attn/cuda/indexer_*_cuda.h against their CPU twins in
-// attn/cpu/indexer.h. Query records and head weights must match bit for bit;
+// attn/cpu/indexer_twin.h. Query records and head weights must match bit for bit;
 // with MXFP4 keys so must the picks (order included), slots and lengths: the
 // scorer computes the CPU's exact scores (see indexer_score.cu). With FP8 keys
 // the tensor cores' fp32 accumulation may differ from the CPU's exact dot in
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "attn/cpu/indexer.h"
+#include "attn/cpu/indexer_twin.h"
 #include "attn/cuda/indexer_queries_cuda.h"
 #include "attn/cuda/indexer_select_cuda.h"
 #include "common/error.h"
