@@ -2,7 +2,7 @@
 // The lightning indexer of SPEC §4.4 with the production numerics of SPEC §5,
 // as one backend-neutral contract: the flat inputs and outputs of its two ops
 // and the scalar arithmetic both backends run, so that the CPU twin
-// (attn/cpu/indexer.h) and the CUDA ops (attn/cuda/indexer_*_cuda.h) produce
+// (attn/cpu/indexer_twin.h) and the CUDA ops (attn/cuda/indexer_*_cuda.h) produce
 // the same bits.
 //
 // Op 1, queries: q_raw (bf16, the indexer wq_b output) and the weights_proj
@@ -99,7 +99,7 @@ struct IndexerSelectParams {
 };
 
 // Shapes and pointers of the ops' params, shared by both backends (defined
-// in attn/cpu/indexer.cpp); throw Error naming the problem.
+// in attn/cpu/indexer_twin.cpp); throw Error naming the problem.
 void check_indexer_query_params(const IndexerQueryParams& p);
 void check_indexer_select_params(const IndexerSelectParams& p);
 
