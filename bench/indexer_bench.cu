@@ -5,7 +5,8 @@
 // FP8 keys and topk 512 (Flash) or 1024 (Pro).
 //
 // Every time is a median over graph replays (CUDA events around one replay
-// of a graph of kReps back-to-back calls, divided by kReps). Columns:
+// of a graph of back-to-back calls, divided by their number: 20, fewer for
+// calls above 1 ms so that a long row stays within seconds). Columns:
 //   call      plan + score + finalize (one layer's selection)
 //   plan      the plan kernel alone
 //   score     the score kernel (tensor-core scoring + running top-k)
@@ -44,8 +45,8 @@ namespace {
     }                                                                                              \
   } while (0)
 
-constexpr int kReps = 20;
-constexpr int kTimings = 15;
+constexpr int kMaxReps = 20;
+constexpr int kTimings = 9;
 constexpr double kPeakBytes = 4.3e12;    // measured device-to-device copy
 constexpr double kPeakFlops = 1270e12;   // dense FP8 (per-tensor FP8 GEMM at 8192^3, SPEC §8)
 constexpr double kL2Bytes = 50e6;
@@ -190,15 +191,16 @@ void build(World& w, const Case& c, dsv4::IndexKeyFormat f, int topk, uint64_t s
 
 enum class Stage { kCall, kPlan, kPlanScore, kPlanScoreOnly, kFinalize };
 
-// Median time of one call of `stage`, in microseconds. The score kernel
-// takes its units from a counter the plan resets, so it is timed after a plan
-// (and the plan alone subtracted); finalize reads the lists the last call left.
-double time_stage(dsv4::IndexerSelectCuda& op, const World& w, Stage stage, cudaStream_t s) {
+// Median time of one call of `stage`, in microseconds, over graphs of `reps`
+// calls. The score kernel takes its units from a counter the plan resets, so
+// it is timed after a plan (and the plan alone subtracted); finalize reads the
+// lists the last call left.
+double time_stage(dsv4::IndexerSelectCuda& op, const World& w, Stage stage, int reps, cudaStream_t s) {
   for (const auto& p : w.params) op.run(p, s);
   cudaGraph_t g;
   cudaGraphExec_t ge;
   CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < kReps; ++i) {
+  for (int i = 0; i < reps; ++i) {
     const auto& p = w.params[size_t(i % w.rotations)];
     switch (stage) {
       case Stage::kCall: op.run(p, s); break;
@@ -213,7 +215,7 @@ double time_stage(dsv4::IndexerSelectCuda& op, const World& w, Stage stage, cuda
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < 2; ++i) CHECK(cudaGraphLaunch(ge, s));
+  CHECK(cudaGraphLaunch(ge, s));  // warm-up
   std::vector<float> ms(kTimings);
   for (int i = 0; i < kTimings; ++i) {
     CHECK(cudaEventRecord(e0, s));
@@ -227,7 +229,13 @@ double time_stage(dsv4::IndexerSelectCuda& op, const World& w, Stage stage, cuda
   cudaEventDestroy(e1);
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
-  return double(ms[ms.size() / 2]) * 1e3 / kReps;
+  return double(ms[ms.size() / 2]) * 1e3 / reps;
+}
+
+// Calls per graph: kMaxReps, fewer when a call takes more than a millisecond.
+int reps_for(dsv4::IndexerSelectCuda& op, const World& w, cudaStream_t s) {
+  const double once = time_stage(op, w, Stage::kCall, 1, s);
+  return std::clamp(int(20000.0 / std::max(1.0, once)), 2, kMaxReps);
 }
 
 }  // namespace
@@ -264,11 +272,12 @@ int main(int argc, char** argv) {
         World w;
         build(w, c, f, topk, 1234 + uint64_t(c.tokens) * 7 + uint64_t(c.context));
         dsv4::IndexerSelectCuda op({c.tokens, topk});
-        const double call = time_stage(op, w, Stage::kCall, s);
-        const double plan = time_stage(op, w, Stage::kPlan, s);
-        const double score = time_stage(op, w, Stage::kPlanScore, s) - plan;
-        const double score_only = time_stage(op, w, Stage::kPlanScoreOnly, s) - plan;
-        const double fin = time_stage(op, w, Stage::kFinalize, s);
+        const int reps = reps_for(op, w, s);
+        const double call = time_stage(op, w, Stage::kCall, reps, s);
+        const double plan = time_stage(op, w, Stage::kPlan, reps, s);
+        const double score = time_stage(op, w, Stage::kPlanScore, reps, s) - plan;
+        const double score_only = time_stage(op, w, Stage::kPlanScoreOnly, reps, s) - plan;
+        const double fin = time_stage(op, w, Stage::kFinalize, reps, s);
         const double roof = std::max(w.key_bytes / kPeakBytes, w.flops / kPeakFlops) * 1e6;
         const bool l2 = w.key_bytes * w.rotations < kL2Bytes;
         std::printf("%-18s %5d %9.1f %8.1f %9.1f %9.1f %9.1f %8.1f %9.2f %9.2f %6.2f %7.1f%s\n", c.name, c.tokens, call,
