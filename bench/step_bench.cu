@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/fp8_ds_mla.h"
+#include "common/error.h"
 #include "runtime/engine.h"
 #include "runtime/workload.h"
 

@@ -1,14 +1,14 @@
 #include "attn/cpu/indexer.h"
 
-#include "attn/cpu/sgemm.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 
+#include "attn/cpu/sgemm.h"
+#include "common/error.h"
 #include "numerics/bf16.h"
-#include "numerics/hadamard.h"
-#include "numerics/quant.h"
 
 namespace dsv4 {
 
@@ -22,58 +22,93 @@ std::vector<int32_t> top_k(const float* scores, int64_t n, int k) {
   return idx;
 }
 
+// ---- the layer's op ----------------------------------------------------------------
+
 IndexerOp::IndexerOp(const IndexerWeights& w, const ModelConfig& config, Profile profile, bool cache_weights,
                      const Rope& rope, IndexKeyFormat key_format, int key_tile)
     : config_(config), profile_(profile), rope_(rope), key_format_(key_format), key_tile_(std::max(1, key_tile)),
       wq_b_(&w.wq_b, LinearMode::kFp8, cache_weights),
       weights_proj_(&w.weights_proj, LinearMode::kBf16, cache_weights) {}
 
-void IndexerOp::queries(const StepView& s, const float* x, const float* cq, std::vector<float>& q,
-                        std::vector<float>& w) const {
+std::vector<std::vector<int32_t>> IndexerOp::select(const StepView& s, const float* x, const float* cq,
+                                                    const EntryArena& keys) const {
+  if (profile_ == Profile::kProduction) return select_production(s, x, cq, keys);
+  return select_exact(s, x, cq, keys);
+}
+
+std::vector<std::vector<int32_t>> IndexerOp::select_production(const StepView& s, const float* x, const float* cq,
+                                                               const EntryArena& keys) const {
+  const int T = s.dims.tokens, nI = config_.index_n_heads, k = config_.index_topk;
+  DSV4_REQUIRE(keys.pages.page_stride == index_key_page_stride(key_format_, keys.pages.entries_per_page),
+               "indexer: production numerics need indexer key pages in the " +
+                   std::string(index_key_format_name(key_format_)) + " format");
+  // The linears (outputs rounded to bf16), then op 1.
+  std::vector<float> q(size_t(T) * nI * kIndexDim), proj(size_t(T) * nI);
+  wq_b_.forward(cq, T, q.data(), profile_);
+  weights_proj_.forward(x, T, proj.data(), profile_);
+  std::vector<uint16_t> q_bits(q.size());
+  for (size_t i = 0; i < q.size(); ++i) q_bits[i] = bf16_bits(q[i]);
+  const int cb = indexer_code_bytes(key_format_);
+  std::vector<uint8_t> codes(size_t(T) * nI * cb), scales(size_t(T) * nI * kIndexerScaleBytes);
+  std::vector<float> weights(size_t(T) * nI);
+  IndexerQueryParams qp;
+  qp.num_tokens = T;
+  qp.num_heads = nI;
+  qp.q_raw = q_bits.data();
+  qp.q_ld = int64_t(nI) * kIndexDim;
+  qp.proj = proj.data();
+  qp.proj_ld = nI;
+  qp.positions = s.positions;
+  std::copy(rope_.inv_freq().begin(), rope_.inv_freq().end(), qp.rope.inv_freq);
+  qp.out = IndexerQueriesOut{key_format_, T, nI, codes.data(), scales.data(), weights.data()};
+  indexer_queries_cpu(qp);
+
+  // Op 2 on the step's C4A tables.
+  std::vector<int32_t> picks(size_t(T) * k), slots(size_t(T) * k), lengths(static_cast<size_t>(T));
+  IndexerSelectParams sp;
+  sp.num_tokens = T;
+  sp.positions = s.positions;
+  sp.token_run = s.token_run;
+  sp.c4a_table = s.table(CacheGroup::kC4A);
+  sp.keys = keys.pages;
+  sp.queries = IndexerQueries{key_format_, T, nI, codes.data(), scales.data(), weights.data()};
+  sp.topk = k;
+  sp.picks = picks.data();
+  sp.slots = slots.data();
+  sp.lengths = lengths.data();
+  indexer_select_cpu(sp, key_tile_);
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(T));
+  for (int t = 0; t < T; ++t)
+    out[size_t(t)].assign(picks.begin() + int64_t(t) * k, picks.begin() + int64_t(t) * k + lengths[size_t(t)]);
+  return out;
+}
+
+// ---- exact profile: float32 queries and keys, no rounding ------------------------------
+
+void IndexerOp::queries_exact(const StepView& s, const float* x, const float* cq, std::vector<float>& q,
+                              std::vector<float>& w) const {
   const int T = s.dims.tokens, nI = config_.index_n_heads, d = kIndexDim;
-  const bool prod = profile_ == Profile::kProduction;
   q.resize(size_t(T) * nI * d);
   w.resize(size_t(T) * nI);
   wq_b_.forward(cq, T, q.data(), profile_);
   weights_proj_.forward(x, T, w.data(), profile_);
-  const float head_scale = float(1.0 / std::sqrt(double(d)) / std::sqrt(double(nI)));
+  const float head_scale = indexer_head_scale(nI);
 #pragma omp parallel for
   for (int t = 0; t < T; ++t) {
-    for (int h = 0; h < nI; ++h) {
-      float* qh = q.data() + (size_t(t) * nI + h) * d;
-      rope_.apply(qh + d - kRopeDim, s.positions[t]);
-      if (!prod) continue;
-      round_bf16(qh + d - kRopeDim, kRopeDim);
-      // Rotated like the keys, then quantized like them (SPEC §5).
-      hadamard_rotate(qh, d);
-      round_bf16(qh, size_t(d));
-      if (key_format_ == IndexKeyFormat::kMxfp4) fake_quant_e2m1(qh, size_t(d), kFp4QuantBlock);
-      else fake_quant_e4m3(qh, size_t(d), d);
-    }
-    for (int h = 0; h < nI; ++h) {
-      float& wh = w[size_t(t) * nI + h];
-      wh = prod ? round_bf16(wh * head_scale) : wh * head_scale;
-    }
+    for (int h = 0; h < nI; ++h) rope_.apply(q.data() + (size_t(t) * nI + h) * d + d - kRopeDim, s.positions[t]);
+    for (int h = 0; h < nI; ++h) w[size_t(t) * nI + h] *= head_scale;
   }
 }
 
-void IndexerOp::score(const float* q, const float* w, const float* keys, int64_t n, float* scores,
-                      std::vector<float>& scratch) const {
+void IndexerOp::score_exact(const float* q, const float* w, const float* keys, int64_t n, float* scores,
+                            std::vector<float>& scratch) const {
   const int nI = config_.index_n_heads, d = kIndexDim;
-  const bool prod = profile_ == Profile::kProduction;
   scratch.resize(size_t(nI) * size_t(n));
-  sgemm_nt(nI, int(n), d, q, d, keys, d, scratch.data(),
-              int(n));
+  sgemm_nt(nI, int(n), d, q, d, keys, d, scratch.data(), int(n));
   for (int64_t j = 0; j < n; ++j) {
     float sum = 0;
-    for (int h = 0; h < nI; ++h) {
-      float v = scratch[size_t(h) * size_t(n) + size_t(j)];
-      // Production scores are bf16: each product and the head sum are rounded.
-      if (prod) v = round_bf16(std::max(round_bf16(v), 0.0f) * w[h]);
-      else v = std::max(v, 0.0f) * w[h];
-      sum += v;
-    }
-    scores[j] = prod ? round_bf16(sum) : sum;
+    for (int h = 0; h < nI; ++h) sum += std::max(scratch[size_t(h) * size_t(n) + size_t(j)], 0.0f) * w[h];
+    scores[j] = sum;
   }
 }
 
@@ -90,11 +125,11 @@ bool better(const Candidate& a, const Candidate& b) {
 
 }  // namespace
 
-std::vector<std::vector<int32_t>> IndexerOp::select(const StepView& s, const float* x, const float* cq,
-                                                    const EntryArena& keys) const {
+std::vector<std::vector<int32_t>> IndexerOp::select_exact(const StepView& s, const float* x, const float* cq,
+                                                          const EntryArena& keys) const {
   const int T = s.dims.tokens, nI = config_.index_n_heads, d = kIndexDim, k = config_.index_topk;
   std::vector<float> q, w;
-  queries(s, x, cq, q, w);
+  queries_exact(s, x, cq, q, w);
   std::vector<std::vector<int32_t>> picks(static_cast<size_t>(T));
   // Keys stream through in tiles decoded once per run, and each token keeps
   // only its k best so far: memory stays O(tile + T * k) at any context length.
@@ -104,7 +139,7 @@ std::vector<std::vector<int32_t>> IndexerOp::select(const StepView& s, const flo
   for (int r = 0; r < s.dims.runs; ++r) {
     const int64_t n = (s.positions[s.run_token_begin[r + 1] - 1] + 1) / 4;  // visible to the run's last token
     for (int64_t j0 = 0; j0 < n; j0 += kTile) {
-      const int64_t j1 = std::min(n, j0 + kTile);
+      const int64_t j1 = std::min<int64_t>(n, j0 + kTile);
 #pragma omp parallel for
       for (int64_t j = j0; j < j1; ++j)
         keys.read(block_table_slot(s.table(CacheGroup::kC4A), r, j), tile.data() + size_t(j - j0) * d);
@@ -116,8 +151,8 @@ std::vector<std::vector<int32_t>> IndexerOp::select(const StepView& s, const flo
           const int64_t visible = std::min<int64_t>(j1, (s.positions[t] + 1) / 4);
           if (visible <= j0) continue;
           scores.resize(size_t(visible - j0));
-          score(q.data() + size_t(t) * nI * d, w.data() + size_t(t) * nI, tile.data(), visible - j0, scores.data(),
-                scratch);
+          score_exact(q.data() + size_t(t) * nI * d, w.data() + size_t(t) * nI, tile.data(), visible - j0,
+                      scores.data(), scratch);
           auto& b = best[size_t(t)];
           for (int64_t j = j0; j < visible; ++j) b.push_back({scores[size_t(j - j0)], int32_t(j)});
           if (int64_t(b.size()) > k) {

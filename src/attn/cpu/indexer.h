@@ -2,17 +2,27 @@
 // The lightning indexer of SPEC §4.4 on the CPU: per query token, score every
 // visible C4A slot by sum_h w_h * ReLU(q_h . K_j) and keep the best
 // k = min(index_topk, visible) slots.
+//
+// Production numerics are the flat ops of attn/cpu/indexer_twin.h
+// (indexer_queries_cpu, indexer_select_cpu), the twins of the CUDA ops in
+// attn/cuda/indexer_*_cuda.h: same inputs, same bits. IndexerOp runs them
+// (production) or the float32 path (exact profile) behind the layer's
+// interface.
 #include <cstdint>
 #include <vector>
 
+#include "attn/cpu/indexer_twin.h"
 #include "attn/cpu/linear.h"
-#include "cache/entries.h"
+#include "attn/indexer_params.h"
 #include "cache/index_key_format.h"
+#include "cache/entries.h"
 #include "model/config.h"
 #include "numerics/rope.h"
 #include "step/step_layout.h"
 
 namespace dsv4 {
+
+// ---- the layer's op ----------------------------------------------------------------
 
 class IndexerOp {
  public:
@@ -27,12 +37,16 @@ class IndexerOp {
                                            const EntryArena& keys) const;
 
  private:
-  // Queries [T, nI, 128] as the scorer sees them, and head weights [T, nI].
-  void queries(const StepView& s, const float* x, const float* cq, std::vector<float>& q,
-               std::vector<float>& w) const;
-  // Scores of n consecutive decoded keys for one token.
-  void score(const float* q, const float* w, const float* keys, int64_t n, float* scores,
-             std::vector<float>& scratch) const;
+  std::vector<std::vector<int32_t>> select_production(const StepView& s, const float* x, const float* cq,
+                                                      const EntryArena& keys) const;
+  std::vector<std::vector<int32_t>> select_exact(const StepView& s, const float* x, const float* cq,
+                                                 const EntryArena& keys) const;
+  // Exact profile: float32 queries [T, nI, 128] and head weights [T, nI].
+  void queries_exact(const StepView& s, const float* x, const float* cq, std::vector<float>& q,
+                     std::vector<float>& w) const;
+  // Exact profile: scores of n consecutive decoded keys for one token.
+  void score_exact(const float* q, const float* w, const float* keys, int64_t n, float* scores,
+                   std::vector<float>& scratch) const;
 
   const ModelConfig& config_;
   Profile profile_;

@@ -1,0 +1,335 @@
+#include "attn/cuda/cuda_layer.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "attn/compressor_params.h"
+#include "attn/cuda/compressor_cuda.h"
+#include "attn/cuda/device_cache.h"
+#include "attn/cuda/indexer_queries_cuda.h"
+#include "attn/cuda/indexer_select_cuda.h"
+#include "attn/cuda/out_rope.h"
+#include "attn/cuda/q_head_norm_rope.h"
+#include "attn/cuda/qkv_norm_rope.h"
+#include "attn/cuda/sparse_attention_cuda.h"
+#include "cache/entries.h"
+#include "cache/fp8_ds_mla.h"
+#include "common/error.h"
+
+namespace dsv4::cuda {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("cuda layer: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// Columns of the stacked bf16 projection (StepBuffers::proj): the main
+// compressor's wkv | wgate (k*512 each), then for C4A the indexer
+// compressor's wkv | wgate (2*128 each) and weights_proj (nI).
+struct ProjColumns {
+  int a = 0, g = 0, idx_a = 0, idx_g = 0, weights = 0;
+};
+ProjColumns proj_columns(LayerType t) {
+  const int kc = (t == LayerType::kC4A ? 2 : 1) * kKvDim;
+  ProjColumns c;
+  c.g = kc;
+  c.idx_a = 2 * kc;
+  c.idx_g = c.idx_a + 2 * kIndexDim;
+  c.weights = c.idx_g + 2 * kIndexDim;
+  return c;
+}
+
+std::vector<const WeightMatrix*> proj_parts(const LayerWeights& w) {
+  std::vector<const WeightMatrix*> parts;
+  if (!w.compressor) return parts;
+  parts = {&w.compressor->wkv, &w.compressor->wgate};
+  if (w.indexer)
+    for (const WeightMatrix* m : {&w.indexer->compressor.wkv, &w.indexer->compressor.wgate, &w.indexer->weights_proj})
+      parts.push_back(m);
+  return parts;
+}
+
+void require_fp8(const WeightMatrix& m) {
+  DSV4_REQUIRE(m.is_fp8(), "cuda backend: " + m.name +
+                               " is not FP8; the CUDA backend runs checkpoints with FP8 linears (SPEC §3) only");
+}
+
+const std::vector<float>& ape_or_empty(const std::optional<CompressorWeights>& c) {
+  static const std::vector<float> none;
+  return c ? c->ape : none;
+}
+
+// ---- golden-replay captures: device tensors read back to the host ----------
+
+std::vector<float> download_bf16(const uint16_t* d, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<uint16_t> bits(size_t(rows * cols));
+  check(cudaMemcpy2D(bits.data(), size_t(cols) * 2, d, size_t(ld) * 2, size_t(cols) * 2, size_t(rows),
+                     cudaMemcpyDeviceToHost),
+        "capture copy");
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = bf16_to_float(bits[i]);
+  return out;
+}
+
+std::vector<int32_t> download_ints(const int32_t* d, int64_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  check(cudaMemcpy(v.data(), d, size_t(n) * 4, cudaMemcpyDeviceToHost), "capture copy");
+  return v;
+}
+
+// Entry `slot` of a device arena, decoded on the host through a copy of its page.
+void read_device_entry(const KvPagesMut& dev, EntryFormat f, int dim, int32_t slot, float* out) {
+  std::vector<uint8_t> page(dev.page_stride);
+  check(cudaMemcpy(page.data(), dev.page(slot / dev.entries_per_page), dev.page_stride, cudaMemcpyDeviceToHost),
+        "capture copy");
+  const EntryArena host{KvPagesMut{page.data(), 1, dev.entries_per_page, dev.page_stride}, f, dim};
+  host.read(slot % dev.entries_per_page, out);
+}
+
+// Entries completed in the step (tokens with slots[t] >= 0), in token order.
+void capture_entries(const std::vector<int32_t>& slots, int real, const KvPagesMut& dev, EntryFormat f, int dim,
+                     std::vector<int>& tokens, std::vector<float>& out) {
+  for (int t = 0; t < real; ++t) {
+    if (slots[size_t(t)] < 0) continue;
+    tokens.push_back(t);
+    out.resize(out.size() + size_t(dim));
+    read_device_entry(dev, f, dim, slots[size_t(t)], out.data() + out.size() - size_t(dim));
+  }
+}
+
+int real_tokens(const StepBuffers& b) {
+  int n = 0;
+  check(cudaMemcpy(&n, b.real_tokens, 4, cudaMemcpyDeviceToHost), "capture copy");
+  return n;
+}
+
+}  // namespace
+
+DeviceFloats::DeviceFloats(const std::vector<float>& host) : n_(host.size()) {
+  if (n_ == 0) return;
+  check(cudaMalloc(&p_, n_ * sizeof(float)), "cudaMalloc");
+  check(cudaMemcpy(p_, host.data(), n_ * sizeof(float), cudaMemcpyHostToDevice), "weight upload");
+}
+
+DeviceFloats::~DeviceFloats() { cudaFree(p_); }
+
+CudaLayer::CudaLayer(const ModelConfig& config, const LayerWeights& w, IndexKeyFormat keys,
+                     const LinearOptions& linear)
+    : config_(config), w_(w), layer_(w.layer), type_(w.type), keys_(keys), rope_(config.rope_params(w.type)),
+      wqkv_((require_fp8(w.wq_a), require_fp8(w.wkv), std::vector<const WeightMatrix*>{&w.wq_a, &w.wkv}), linear),
+      wq_b_((require_fp8(w.wq_b), w.wq_b), linear),
+      wo_b_((require_fp8(w.wo_b), w.wo_b), linear),
+      wo_a_((require_fp8(w.wo_a), w.wo_a), config.o_groups, W8A16Options{linear}),
+      q_norm_(w.q_norm), kv_norm_(w.kv_norm), sink_(w.attn_sink), ape_(ape_or_empty(w.compressor)),
+      norm_(w.compressor ? w.compressor->norm : std::vector<float>{}),
+      idx_ape_(w.indexer ? w.indexer->compressor.ape : std::vector<float>{}),
+      idx_norm_(w.indexer ? w.indexer->compressor.norm : std::vector<float>{}) {
+  if (w.compressor) proj_.emplace(proj_parts(w), linear);
+  if (w.indexer) {
+    require_fp8(w.indexer->wq_b);
+    idx_wq_b_.emplace(w.indexer->wq_b, linear);
+  }
+}
+
+std::vector<LinearNeeds> CudaLayer::needs(int max_m) const {
+  std::vector<LinearNeeds> n = {wqkv_.needs(max_m), wq_b_.needs(max_m), wo_b_.needs(max_m), wo_a_.needs(max_m)};
+  if (proj_) n.push_back(proj_->needs(max_m));
+  if (idx_wq_b_) n.push_back(idx_wq_b_->needs(max_m));
+  return n;
+}
+
+int64_t CudaLayer::device_bytes() const {
+  int64_t n = int64_t(wqkv_.device_bytes() + wq_b_.device_bytes() + wo_b_.device_bytes() + wo_a_.device_bytes());
+  if (proj_) n += int64_t(proj_->device_bytes());
+  if (idx_wq_b_) n += int64_t(idx_wq_b_->device_bytes());
+  for (const DeviceFloats* f : {&q_norm_, &kv_norm_, &sink_, &ape_, &norm_, &idx_ape_, &idx_norm_})
+    n += int64_t(f->size() * sizeof(float));
+  return n;
+}
+
+void CudaLayer::project_q_kv(StepBuffers& b) {
+  const int T = b.tokens, R = config_.q_lora_rank, H = config_.num_heads;
+  wqkv_.forward(b.x8, b.qkv, R + kKvDim, *b.linear, b.stream);
+  QkvNormRopeParams p;
+  p.num_tokens = T;
+  p.q_lora = R;
+  p.qkv = b.qkv;
+  p.qkv_ld = R + kKvDim;
+  p.q_norm = q_norm_.get();
+  p.kv_norm = kv_norm_.get();
+  p.eps = float(config_.rms_norm_eps);
+  p.positions = b.step.positions;
+  p.rope = &rope_;
+  p.cq = b.cq;
+  p.cq_ld = R;
+  p.cq_fp8 = b.cq8;
+  p.swa = b.cache->pages(layer_, CacheKind::kSwa);
+  p.swa_slot = b.step.swa_slot;
+  qkv_norm_rope_cuda(p, b.stream);
+  wq_b_.forward(b.cq8, b.q, int64_t(H) * kKvDim, *b.linear, b.stream);
+  q_head_norm_rope_cuda(QHeadNormRopeParams{T, H, b.q, int64_t(H) * kKvDim, float(config_.rms_norm_eps),
+                                            b.step.positions, &rope_},
+                        b.stream);
+  if (proj_) proj_->forward(b.x, config_.hidden_size, T, b.proj, b.proj_ld, *b.linear, b.stream);
+}
+
+void CudaLayer::compress(StepBuffers& b) {
+  if (!proj_) return;
+  const bool c4a = type_ == LayerType::kC4A;
+  const ProjColumns col = proj_columns(type_);
+  CompressorParams p;
+  p.num_tokens = b.tokens;
+  p.ratio = c4a ? 4 : 128;
+  p.dim = kKvDim;
+  p.proj = b.proj;
+  p.proj_ld = b.proj_ld;
+  p.a_col = col.a;
+  p.g_col = col.g;
+  p.ape = ape_.get();
+  p.norm = norm_.get();
+  p.eps = float(config_.rms_norm_eps);
+  p.rope = &rope_;
+  p.positions = b.step.positions;
+  p.token_run = b.step.token_run;
+  p.row_slot = c4a ? b.step.c4a_state_slot : b.step.c128a_state_slot;
+  p.entry_slot = c4a ? b.step.c4a_slot : b.step.c128a_slot;
+  p.state_table = b.step.table(c4a ? CacheGroup::kC4AState : CacheGroup::kC128AState);
+  p.state = b.cache->pages(layer_, CacheKind::kState);
+  p.out = b.cache->pages(layer_, CacheKind::kCompressed);
+  p.record = CompressedRecord::kFp8DsMla;
+  p.bf16_rounding = true;
+  p.hadamard = false;
+  compressor_cuda(p, b.stream);
+  if (!c4a) return;
+  p.dim = kIndexDim;
+  p.a_col = col.idx_a;
+  p.g_col = col.idx_g;
+  p.ape = idx_ape_.get();
+  p.norm = idx_norm_.get();
+  p.state = b.cache->pages(layer_, CacheKind::kIndexState);
+  p.out = b.cache->pages(layer_, CacheKind::kIndexKeys);
+  p.record = keys_ == IndexKeyFormat::kFp8 ? CompressedRecord::kIndexFp8 : CompressedRecord::kIndexMxfp4;
+  p.hadamard = true;
+  compressor_cuda(p, b.stream);
+}
+
+void CudaLayer::select(StepBuffers& b) {
+  if (!idx_wq_b_) return;
+  mark(b, 2 * layer_);
+  const int T = b.tokens, nI = config_.index_n_heads;
+  idx_wq_b_->forward(b.cq8, b.idx_q, int64_t(nI) * kIndexDim, *b.linear, b.stream);
+  IndexerQueryParams q;
+  q.num_tokens = T;
+  q.num_heads = nI;
+  q.real_tokens = b.real_tokens;
+  q.q_raw = b.idx_q;
+  q.q_ld = int64_t(nI) * kIndexDim;
+  q.proj = b.proj + proj_columns(type_).weights;
+  q.proj_ld = b.proj_ld;
+  q.positions = b.step.positions;
+  for (int i = 0; i < kRopeDim / 2; ++i) q.rope.inv_freq[i] = rope_.inv_freq()[size_t(i)];
+  q.out = b.idx_queries;
+  q.out.num_tokens = T;
+  indexer_queries_cuda(q, b.stream);
+  IndexerSelectParams s;
+  s.num_tokens = T;
+  s.real_tokens = b.real_tokens;
+  s.positions = b.step.positions;
+  s.token_run = b.step.token_run;
+  s.c4a_table = b.step.table(CacheGroup::kC4A);
+  s.keys = b.cache->pages(layer_, CacheKind::kIndexKeys);
+  s.queries = q.out;
+  s.topk = config_.index_topk;
+  s.picks = b.picks;
+  s.slots = b.slots;
+  s.lengths = b.pick_lengths;
+  b.indexer->run(s, b.stream);
+  mark(b, 2 * layer_ + 1);
+}
+
+void CudaLayer::mark(StepBuffers& b, int event) const {
+  if (!b.indexer_events) return;
+  check(b.capturing ? cudaEventRecordWithFlags(b.indexer_events[event], b.stream, cudaEventRecordExternal)
+                    : cudaEventRecord(b.indexer_events[event], b.stream),
+        "event record");
+}
+
+SparseAttentionParams CudaLayer::attention_params(const StepBuffers& b) const {
+  const ModelConfig& config = config_;
+  const LayerType t = type_;
+  const int layer = layer_;
+  SparseAttentionParams p;
+  p.num_tokens = b.tokens;
+  p.num_heads = config.num_heads;
+  p.q = b.q;
+  p.swa_cache = b.cache->pages(layer, CacheKind::kSwa);
+  p.swa = IndexList{b.step.window_indices, b.step.window_lengths, kWindow};
+  if (t == LayerType::kC4A) {
+    p.extra_cache = b.cache->pages(layer, CacheKind::kCompressed);
+    p.extra = IndexList{b.slots, b.c4a_lengths, config.index_topk};
+  } else if (t == LayerType::kC128A) {
+    p.extra_cache = b.cache->pages(layer, CacheKind::kCompressed);
+    p.extra = IndexList{b.step.c128a_indices, b.step.c128a_lengths, b.step.dims.c128a_width};
+  }
+  p.attn_sink = sink_.get();
+  p.softmax_scale = float(1.0 / std::sqrt(double(kKvDim)));
+  p.out = b.o;
+  return p;
+}
+
+void CudaLayer::attend(StepBuffers& b) {
+  b.attention->run(attention_params(b), b.stream, int(type_));
+}
+
+void CudaLayer::project_out(StepBuffers& b) {
+  const int T = b.tokens, H = config_.num_heads;
+  out_inverse_rope_cuda(OutInverseRopeParams{T, H, b.o, int64_t(H) * kKvDim, b.step.positions, &rope_}, b.stream);
+  const int64_t u_cols = int64_t(config_.o_groups) * config_.o_lora_rank;
+  wo_a_.forward(b.o, int64_t(H) * kKvDim, T, b.u, u_cols, &b.u8, *b.linear, b.stream);
+  wo_b_.forward(b.u8, b.y, config_.hidden_size, *b.linear, b.stream);
+}
+
+void CudaLayer::forward(StepBuffers& b, LayerCapture* capture) {
+  if (b.tokens == 0) return;
+  project_q_kv(b);
+  compress(b);
+  select(b);
+  attend(b);
+  if (capture) {
+    // Read back what the golden replay compares before later ops overwrite
+    // o (inverse RoPE in place); q, picks and cache entries stay.
+    check(cudaStreamSynchronize(b.stream), "capture");
+    const int real = real_tokens(b), H = config_.num_heads;
+    capture->q = download_bf16(b.q, real, int64_t(H) * kKvDim, int64_t(H) * kKvDim);
+    capture->attn = download_bf16(b.o, real, int64_t(H) * kKvDim, int64_t(H) * kKvDim);
+    const std::vector<int32_t> swa = download_ints(b.step.swa_slot, real);
+    capture->kv.assign(size_t(real) * kKvDim, 0.0f);
+    const KvPagesMut swa_pages = b.cache->pages(layer_, CacheKind::kSwa);
+    for (int t = 0; t < real; ++t)
+      if (swa[size_t(t)] >= 0)
+        read_device_entry(swa_pages, EntryFormat::kFp8DsMla, kKvDim, swa[size_t(t)],
+                          capture->kv.data() + size_t(t) * kKvDim);
+    if (type_ != LayerType::kSwaOnly) {
+      const bool c4a = type_ == LayerType::kC4A;
+      const std::vector<int32_t> slots = download_ints(c4a ? b.step.c4a_slot : b.step.c128a_slot, real);
+      capture_entries(slots, real, b.cache->pages(layer_, CacheKind::kCompressed), EntryFormat::kFp8DsMla, kKvDim,
+                      capture->compressed_tokens, capture->compressed);
+      if (c4a) {
+        const EntryFormat kf = keys_ == IndexKeyFormat::kFp8 ? EntryFormat::kIndexFp8 : EntryFormat::kIndexMxfp4;
+        capture_entries(slots, real, b.cache->pages(layer_, CacheKind::kIndexKeys), kf, kIndexDim,
+                        capture->index_key_tokens, capture->index_keys);
+        const int k = config_.index_topk;
+        const std::vector<int32_t> picks = download_ints(b.picks, int64_t(real) * k);
+        const std::vector<int32_t> lengths = download_ints(b.pick_lengths, real);
+        capture->topk.assign(size_t(real), {});
+        for (int t = 0; t < real; ++t)
+          capture->topk[size_t(t)].assign(picks.begin() + int64_t(t) * k, picks.begin() + int64_t(t) * k + lengths[size_t(t)]);
+      }
+    }
+  }
+  project_out(b);
+}
+
+}  // namespace dsv4::cuda

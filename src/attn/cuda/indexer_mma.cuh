@@ -1,0 +1,92 @@
+#pragma once
+// Tensor-core pieces of the indexer's scorer (sm_90a): wgmma with A (keys)
+// from registers and B (queries) from shared memory, the MXFP4 -> int8
+// conversion of key and query codes, and packed bf16 helpers.
+//
+// Register fragment of A for wgmma m64nNk32 with 8-bit elements (warp w of
+// the warpgroup, lane = 4 g + q): register v1 + 2 v2 holds bytes v0 = 0..3
+// of row 16 w + g + 8 v1 at k = 4 q + v0 + 16 v2 (CUTLASS ALayout_64x32).
+// Accumulator (m64n64): d[4 i + 2 v1 + c] is row 16 w + g + 8 v1, column
+// 8 i + 2 q + c.
+#include <cstdint>
+
+namespace dsv4::cuda::ix {
+
+// D[64 x 64] (+)= A[64 x 32] B[32 x 64], s8 x s8 -> s32; A in registers, B
+// K-major in shared memory (descriptor db). kScaleD = 0 overwrites D. (An
+// immediate: as a register operand the compiler may hand it the register of
+// an accumulator holding the same value, and ptxas then serializes the chain.)
+template <int kScaleD>
+__device__ __forceinline__ void wgmma_s8_rs(uint32_t (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]),
+        "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]),
+        "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]),
+        "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kScaleD));
+}
+
+// The same with e4m3 operands and fp32 accumulation.
+template <int kScaleD>
+__device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kScaleD));
+}
+
+// Pins accumulator registers after wgmma_wait (the compiler does not know
+// that wgmma writes them asynchronously).
+__device__ __forceinline__ void fence_acc(uint32_t (&r)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+__device__ __forceinline__ void fence_acc(float (&r)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Four e2m1 codes (the low 16 bits of h16, element 0 in the low nibble) ->
+// four int8 values 2 * e2m1 * 2^shift (shift 0..3: |value| <= 96), element 0
+// in the low byte. Magnitudes come from a byte permutation of an 8-entry
+// table, signs from a second table of negated entries.
+__device__ __forceinline__ uint32_t e2m1x4_to_s8(uint32_t h16, int shift) {
+  const uint32_t pos_lo = 0x03020100u << shift, pos_hi = 0x0c080604u << shift;  // 2 * e2m1 magnitudes << shift
+  const uint32_t neg_lo = (~pos_lo + 0x01010100u) & 0xffffff00u;                // bytewise negation (entry 0 stays 0)
+  const uint32_t neg_hi = ~pos_hi + 0x01010101u;
+  const uint32_t sel = h16 & 0x7777u;               // magnitude index per nibble
+  const uint32_t sign_sel = (h16 >> 1) & 0x4444u;   // 4 (a 0xff byte) where the sign bit is set
+  const uint32_t pos = __byte_perm(pos_lo, pos_hi, sel), neg = __byte_perm(neg_lo, neg_hi, sel);
+  const uint32_t m = __byte_perm(0u, 0xffffffffu, sign_sel);
+  return (pos & ~m) | (neg & m);
+}
+
+// cvt.rn.relu.bf16x2: {hi, lo} rounded to bf16 (nearest even), negatives to 0.
+__device__ __forceinline__ uint32_t relu_bf16x2(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+// Both halves multiplied and rounded once to bf16 (the product of two bf16
+// values is exact in fp32, so this is bf16(fp32(a * b))).
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ float bf16x2_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16x2_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+// An s32 accumulator (|v| < 2^22) as float, exactly: 1.5 * 2^23 + v has
+// exponent 23 and v in its mantissa.
+__device__ __forceinline__ float s32_to_float_exact(uint32_t v) {
+  return __fsub_rn(__int_as_float(int(v) + 0x4b400000), 12582912.0f);
+}
+
+}  // namespace dsv4::cuda::ix

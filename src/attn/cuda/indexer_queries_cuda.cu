@@ -1,0 +1,132 @@
+// Indexer query preparation on the GPU: RoPE, Hadamard rotation and block
+// quantization of every head, and the head weights (attn/indexer_params.h).
+// Each step reproduces indexer_queries_cpu's float operations in the same
+// order, with explicit round-to-nearest intrinsics so that nvcc contracts
+// nothing into an FMA.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "attn/cuda/indexer_queries_cuda.h"
+#include "attn/cuda/warp.cuh"
+#include "common/error.h"
+#include "numerics/quant.h"
+
+namespace dsv4 {
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps; warp w serves heads w, w + 8, ...
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// The 128-point Walsh-Hadamard butterflies of numerics/hadamard.cpp on a
+// warp holding dims 4 lane .. 4 lane + 3: stages h = 1, 2 inside a lane,
+// h = 4 .. 64 between lane l and l ^ (h / 4). The lower element of a pair
+// becomes a + b, the upper a - b (a the lower's old value, b the upper's).
+__device__ __forceinline__ void hadamard128(float (&x)[4], int lane, float scale) {
+  float a = x[0], b = x[1];
+  x[0] = __fadd_rn(a, b);
+  x[1] = __fsub_rn(a, b);
+  a = x[2], b = x[3];
+  x[2] = __fadd_rn(a, b);
+  x[3] = __fsub_rn(a, b);
+  a = x[0], b = x[2];
+  x[0] = __fadd_rn(a, b);
+  x[2] = __fsub_rn(a, b);
+  a = x[1], b = x[3];
+  x[1] = __fadd_rn(a, b);
+  x[3] = __fsub_rn(a, b);
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {
+    const bool upper = (lane & m) != 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float other = __shfl_xor_sync(0xffffffffu, x[k], m);
+      x[k] = upper ? __fsub_rn(other, x[k]) : __fadd_rn(x[k], other);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) x[k] = __fmul_rn(x[k], scale);
+}
+
+__global__ void __launch_bounds__(kThreads) queries_kernel(const IndexerQueryParams p, float hadamard_scale,
+                                                           float head_scale) {
+  const int t = blockIdx.x;
+  const int real = p.real_tokens ? min(max(*p.real_tokens, 0), p.num_tokens) : p.num_tokens;
+  if (t >= real) return;
+  __shared__ float cos_s[32], sin_s[32];
+  const int64_t pos = p.positions[t];
+  if (threadIdx.x < 32) {
+    // Rope::apply: a float32 angle, cos/sin in double rounded to float.
+    const float angle = __fmul_rn(float(pos), p.rope.inv_freq[threadIdx.x]);
+    cos_s[threadIdx.x] = float(cos(double(angle)));
+    sin_s[threadIdx.x] = float(sin(double(angle)));
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nI = p.num_heads;
+  const bool fp8 = p.out.format == IndexKeyFormat::kFp8;
+  for (int h = warp; h < nI; h += kThreads / 32) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p.q_raw + t * p.q_ld + int64_t(kIndexDim) * h + 4 * lane);
+    float x[4] = {bf16_lo(raw.x), bf16_hi(raw.x), bf16_lo(raw.y), bf16_hi(raw.y)};
+    if (lane >= 16) {  // dims 64..127: rope pairs i = 2 (lane - 16) and i + 1
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int i = 2 * (lane - 16) + k;
+        const float a = x[2 * k], b = x[2 * k + 1], c = cos_s[i], s = sin_s[i];
+        x[2 * k] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        x[2 * k + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) x[k] = round_bf16(x[k]);
+    }
+    hadamard128(x, lane, hadamard_scale);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) x[k] = round_bf16(x[k]);
+    float amax = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
+    const int64_t e = int64_t(t) * nI + h;  // record index
+    if (fp8) {
+      amax = cuda::group_max<32>(amax);
+      const int ex = e4m3_exponent_of_amax(amax);
+      uint32_t codes = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) codes |= uint32_t(e4m3_code(x[k], ex)) << (8 * k);
+      *reinterpret_cast<uint32_t*>(p.out.codes + e * kIndexDim + 4 * lane) = codes;
+      if (lane == 0) *reinterpret_cast<float*>(p.out.scales + e * kIndexerScaleBytes) = exp2_int(ex);
+    } else {
+      amax = cuda::group_max<8>(amax);  // a 32-wide block per 8 lanes
+      const int ex = e2m1_exponent_of_amax(amax);
+      uint32_t codes = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) codes |= uint32_t(e2m1_code(x[k], ex)) << (4 * k);
+      *reinterpret_cast<uint16_t*>(p.out.codes + e * (kIndexDim / 2) + 2 * lane) = uint16_t(codes);
+      if ((lane & 7) == 0) p.out.scales[e * kIndexerScaleBytes + lane / 8] = ue8m0_from_exponent(ex);
+    }
+  }
+  for (int h = threadIdx.x; h < nI; h += kThreads)
+    p.out.weights[int64_t(t) * nI + h] = round_bf16(__fmul_rn(round_bf16(p.proj[t * p.proj_ld + h]), head_scale));
+}
+
+bool aligned(const void* ptr, size_t a) { return reinterpret_cast<uintptr_t>(ptr) % a == 0; }
+
+}  // namespace
+
+void check_indexer_queries_cuda_params(const IndexerQueryParams& p) {
+  check_indexer_query_params(p);
+  if (p.num_tokens == 0) return;
+  DSV4_REQUIRE(aligned(p.q_raw, 8) && p.q_ld % 4 == 0, "indexer queries (cuda): q_raw must be 8-byte aligned, q_ld a multiple of 4");
+  DSV4_REQUIRE(aligned(p.positions, 8) && aligned(p.proj, 4) && aligned(p.real_tokens, 4),
+          "indexer queries (cuda): positions must be 8-byte, proj and real_tokens 4-byte aligned");
+  DSV4_REQUIRE(aligned(p.out.codes, 4) && aligned(p.out.scales, 4) && aligned(p.out.weights, 4),
+          "indexer queries (cuda): output codes, scales and weights must be 4-byte aligned");
+}
+
+void indexer_queries_cuda(const IndexerQueryParams& p, CUstream_st* stream) {
+  check_indexer_queries_cuda_params(p);
+  if (p.num_tokens == 0) return;
+  queries_kernel<<<p.num_tokens, kThreads, 0, stream>>>(p, indexer_hadamard_scale(), indexer_head_scale(p.weight_heads()));
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw Error(std::string("indexer queries (cuda): launch: ") + cudaGetErrorString(e));
+}
+
+}  // namespace dsv4

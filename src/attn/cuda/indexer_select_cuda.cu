@@ -1,0 +1,142 @@
+// Host side of the CUDA indexer selection: checks, workspace and launches.
+#include "attn/cuda/indexer_select_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "attn/cuda/indexer_select_internal.cuh"
+#include "common/error.h"
+
+namespace dsv4 {
+namespace {
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("indexer select (cuda): ") + what + ": " + cudaGetErrorString(e));
+}
+
+bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+// Units per call: about four per multiprocessor, so a persistent CTA takes
+// several and uneven units even out.
+constexpr int kUnitsPerSm = 4;
+
+}  // namespace
+
+void check_indexer_select_cuda_params(const IndexerSelectParams& p, const IndexerSelectCudaLimits& limits) {
+  check_indexer_select_params(p);
+  DSV4_REQUIRE(p.num_tokens <= limits.max_tokens, "indexer select (cuda): " + std::to_string(p.num_tokens) +
+                                                 " tokens exceed the limit of " + std::to_string(limits.max_tokens));
+  if (p.num_tokens == 0) return;
+  DSV4_REQUIRE(p.topk <= limits.topk, "indexer select (cuda): topk " + std::to_string(p.topk) + " exceeds the limit of " +
+                                     std::to_string(limits.topk));
+  DSV4_REQUIRE(p.queries.num_heads == cuda::ix::kHeads, "indexer select (cuda): the scorer needs 64 query heads");
+  DSV4_REQUIRE(aligned(p.queries.codes, 16) && aligned(p.queries.scales, 4) && aligned(p.queries.weights, 4),
+          "indexer select (cuda): query codes must be 16-byte, scales and weights 4-byte aligned");
+  DSV4_REQUIRE(aligned(p.positions, 8) && aligned(p.token_run, 4) && aligned(p.real_tokens, 4),
+          "indexer select (cuda): positions must be 8-byte, token_run and real_tokens 4-byte aligned");
+  DSV4_REQUIRE(aligned(p.c4a_table.pages, 4) && aligned(p.c4a_table.first, 4), "indexer select (cuda): misaligned block table");
+  DSV4_REQUIRE(aligned(p.picks, 4) && aligned(p.slots, 4) && aligned(p.lengths, 4), "indexer select (cuda): misaligned outputs");
+  // 16-byte cp.async of the pages' planes.
+  DSV4_REQUIRE(p.keys.num_pages == 0 || (aligned(p.keys.base, 16) && p.keys.page_stride % 16 == 0),
+          "indexer select (cuda): key pages must be 16-byte aligned with a stride a multiple of 16");
+}
+
+struct IndexerSelectCuda::Impl {
+  IndexerSelectCudaLimits limits;
+  int grid = 0;
+  cuda::ix::Workspace ws;
+  std::vector<void*> allocations;
+  size_t bytes = 0;
+
+  template <typename T>
+  T* alloc(size_t count) {
+    void* p = nullptr;
+    cuda_check(cudaMalloc(&p, std::max<size_t>(1, count) * sizeof(T)), "cudaMalloc");
+    allocations.push_back(p);
+    bytes += count * sizeof(T);
+    return static_cast<T*>(p);
+  }
+  ~Impl() {
+    for (void* p : allocations) cudaFree(p);
+  }
+
+  cuda::ix::SelectArgs args(const IndexerSelectParams& p) const { return cuda::ix::SelectArgs{p, ws}; }
+};
+
+IndexerSelectCuda::IndexerSelectCuda(const IndexerSelectCudaLimits& limits) : impl_(new Impl) {
+  try {
+    DSV4_REQUIRE(limits.max_tokens >= 0, "indexer select (cuda): negative max_tokens");
+    DSV4_REQUIRE(limits.topk >= 1 && limits.topk <= kIndexerMaxTopk, "indexer select (cuda): limits.topk must be in [1, 1024]");
+    impl_->limits = limits;
+    int device = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    cuda_check(cudaDeviceGetAttribute(&impl_->grid, cudaDevAttrMultiProcessorCount, device), "device attributes");
+    static std::once_flag once;
+    std::call_once(once, [] { cuda::ix::prepare_score_kernels(); });
+    cuda_check(cudaGetLastError(), "kernel attributes");
+    cuda::ix::Workspace& ws = impl_->ws;
+    const int tokens = std::max(1, limits.max_tokens);
+    ws.target_units = kUnitsPerSm * impl_->grid;
+    // A unit of one token holds at least 2k keys, so its list keeps at most half of them.
+    ws.min_unit_tiles = std::max(1, 2 * ((limits.topk + cuda::ix::kTileKeys - 1) / cuda::ix::kTileKeys));
+    // Merging S lists of k keys costs about S * k * 32 bytes of reads on one
+    // multiprocessor; 64 balances that against the scoring's parallelism for
+    // a single token at 1M context (4,096 tiles).
+    ws.max_group_units = 64;
+    ws.max_units = ws.target_units + tokens;
+    ws.max_lists = cuda::ix::kGroupTokens * ws.target_units + tokens;
+    ws.list_stride = limits.topk;
+    ws.groups = impl_->alloc<cuda::ix::Group>(size_t(tokens));
+    ws.tokens = impl_->alloc<cuda::ix::TokenRef>(size_t(tokens));
+    ws.units = impl_->alloc<cuda::ix::Unit>(size_t(ws.max_units));
+    ws.counters = impl_->alloc<cuda::ix::Counters>(1);
+    ws.list_keys = impl_->alloc<uint64_t>(size_t(ws.max_lists) * size_t(ws.list_stride));
+    ws.list_counts = impl_->alloc<int32_t>(size_t(ws.max_lists));
+  } catch (...) {
+    delete impl_;
+    throw;
+  }
+}
+
+IndexerSelectCuda::~IndexerSelectCuda() { delete impl_; }
+
+void IndexerSelectCuda::plan(const IndexerSelectParams& p, CUstream_st* stream) {
+  check_indexer_select_cuda_params(p, impl_->limits);
+  if (p.num_tokens == 0) return;
+  cuda::ix::launch_plan(impl_->args(p), stream);
+  cuda_check(cudaGetLastError(), "plan kernel");
+}
+
+void IndexerSelectCuda::score(const IndexerSelectParams& p, CUstream_st* stream, bool score_only) {
+  check_indexer_select_cuda_params(p, impl_->limits);
+  if (p.num_tokens == 0) return;
+  cuda::ix::launch_score(impl_->args(p), impl_->grid, score_only, stream);
+  cuda_check(cudaGetLastError(), "score kernel");
+}
+
+void IndexerSelectCuda::finalize(const IndexerSelectParams& p, CUstream_st* stream) {
+  check_indexer_select_cuda_params(p, impl_->limits);
+  if (p.num_tokens == 0) return;
+  cuda::ix::launch_finalize(impl_->args(p), stream);
+  cuda_check(cudaGetLastError(), "finalize kernel");
+}
+
+void IndexerSelectCuda::run(const IndexerSelectParams& p, CUstream_st* stream) {
+  check_indexer_select_cuda_params(p, impl_->limits);
+  if (p.num_tokens == 0) return;
+  const cuda::ix::SelectArgs a = impl_->args(p);
+  cuda::ix::launch_plan(a, stream);
+  cuda::ix::launch_score(a, impl_->grid, false, stream);
+  cuda::ix::launch_finalize(a, stream);
+  cuda_check(cudaGetLastError(), "kernels");
+}
+
+const IndexerSelectCudaLimits& IndexerSelectCuda::limits() const { return impl_->limits; }
+int IndexerSelectCuda::grid_size() const { return impl_->grid; }
+size_t IndexerSelectCuda::workspace_bytes() const { return impl_->bytes; }
+
+}  // namespace dsv4

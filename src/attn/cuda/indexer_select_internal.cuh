@@ -1,0 +1,77 @@
+#pragma once
+// Internals of the CUDA indexer selection (indexer_select_cuda.h): the work
+// plan built on the device, the workspace, and the three kernels' launchers.
+//
+//  plan      (1 CTA)   groups the step's tokens (up to 4 consecutive
+//                      positions of one run, aligned to 4, so they see the
+//                      same keys) and cuts each group's key tiles (a tile =
+//                      a page = 64 keys) into units, so that the units carry
+//                      about equal work and number about 4 per multiprocessor.
+//  score     (1 CTA/SM, persistent) takes units in turn: scores the unit's
+//                      tiles for the group's tokens on the tensor cores,
+//                      streams a running top-k per token, and writes each
+//                      token's best k of the unit as a list of order keys.
+//  finalize  (1 CTA per token) selects the best k of the token's lists,
+//                      sorts them best first and writes picks, slots, lengths.
+// Memory: the lists, (4 * units target + max_tokens) * topk keys, fixed at
+// construction whatever the context length (SPEC §9).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attn/indexer_params.h"
+
+namespace dsv4::cuda::ix {
+
+inline constexpr int kTileKeys = 64;     // keys per tile = entries per key page
+inline constexpr int kGroupTokens = 4;   // tokens scored together (one wgmma N = 64 heads each)
+inline constexpr int kHeads = 64;        // the scorer's query heads (V4: index_n_heads = 64)
+inline constexpr int kPlanThreads = 1024;
+inline constexpr int kScoreThreads = 256;     // two consumer warpgroups
+inline constexpr int kFinalizeThreads = 512;
+
+struct Group {
+  int32_t run, first, count, tiles;  // tokens first .. first + count - 1; key tiles 0 .. tiles - 1
+  int32_t units, unit_base, list_base, pad;
+};
+// Tiles [tile_begin, tile_end) of a group; its lists are list_base + split * count + tl.
+struct Unit {
+  int32_t group, tile_begin, tile_end, split;
+};
+struct TokenRef {
+  int32_t group, tl;  // group -1: nothing to select (padding)
+};
+struct Counters {
+  int32_t units, next_unit, groups, lists;
+};
+
+struct Workspace {
+  Group* groups = nullptr;      // [max_tokens]
+  TokenRef* tokens = nullptr;   // [max_tokens]
+  Unit* units = nullptr;        // [max_units]
+  Counters* counters = nullptr;
+  uint64_t* list_keys = nullptr;  // [max_lists, topk]
+  int32_t* list_counts = nullptr; // [max_lists]
+  int max_units = 0, max_lists = 0;
+  int target_units = 0;    // about this many units per call (balanced work)
+  int min_unit_tiles = 1;  // smallest unit, in tiles
+  int max_group_units = 1; // most units per group (its tokens' lists are merged by one CTA)
+  int list_stride = 0;     // keys per list (the limits' topk)
+};
+
+struct SelectArgs {
+  IndexerSelectParams p;
+  Workspace ws;
+};
+
+// Dynamic shared memory of the score kernel for a key format.
+int score_smem_bytes(IndexKeyFormat f);
+// Once per process: raises the score kernels' shared-memory limit.
+void prepare_score_kernels();
+
+void launch_plan(const SelectArgs& a, cudaStream_t stream);
+// score_only (benchmarks): scores without the running top-k (empty lists).
+void launch_score(const SelectArgs& a, int grid, bool score_only, cudaStream_t stream);
+void launch_finalize(const SelectArgs& a, cudaStream_t stream);
+
+}  // namespace dsv4::cuda::ix

@@ -1,0 +1,668 @@
+// The lightning indexer on both backends, same random inputs (test-backend-ops):
+// the CUDA ops of attn/cuda/indexer_*_cuda.h against their CPU twins in
+// attn/cpu/indexer_twin.h. Query records and head weights must match bit for bit;
+// with MXFP4 keys so must the picks (order included), slots and lengths: the
+// scorer computes the CPU's exact scores (see indexer_score.cu). With FP8 keys
+// the tensor cores' fp32 accumulation may differ from the CPU's exact dot in
+// the last bits, so picks are checked against the CPU's scores with a bound
+// and their overlap is reported. GPU tests skip where no CUDA device is
+// present. Outputs are poisoned before each run, every element must be
+// written, and guard bytes behind every output must survive.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "attn/cpu/indexer_twin.h"
+#include "attn/cuda/indexer_queries_cuda.h"
+#include "attn/cuda/indexer_select_cuda.h"
+#include "common/error.h"
+#include "numerics/bf16.h"
+#include "numerics/hadamard.h"
+#include "numerics/quant.h"
+#include "numerics/rope.h"
+
+namespace dsv4::test {
+namespace {
+
+#define IX_CUDA_OK(expr)                                                                          \
+  do {                                                                                            \
+    const cudaError_t e_ = (expr);                                                                \
+    if (e_ != cudaSuccess) throw Error(std::string(#expr) + ": " + cudaGetErrorString(e_));       \
+  } while (0)
+
+bool cuda_device_present() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+constexpr size_t kGuard = 4096;      // bytes checked behind every output
+constexpr uint8_t kGuardByte = 0xcd;
+constexpr uint8_t kPoisonByte = 0x5a;  // 0x5a5a5a5a is neither -1 nor a valid pick
+
+// A device buffer with guard bytes behind it.
+template <typename T>
+struct DevBuf {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) {
+    IX_CUDA_OK(cudaMalloc(&ptr, n * sizeof(T) + kGuard));
+    IX_CUDA_OK(cudaMemset(reinterpret_cast<uint8_t*>(ptr) + n * sizeof(T), kGuardByte, kGuard));
+  }
+  DevBuf(const std::vector<T>& v) : DevBuf(v.size()) { upload(v); }
+  ~DevBuf() { cudaFree(ptr); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void upload(const std::vector<T>& v) {
+    IX_CUDA_OK(cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  void poison() { IX_CUDA_OK(cudaMemset(ptr, kPoisonByte, n * sizeof(T))); }
+  std::vector<T> download() const {
+    std::vector<T> v(n);
+    IX_CUDA_OK(cudaMemcpy(v.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  bool guard_intact() const {
+    std::vector<uint8_t> g(kGuard);
+    IX_CUDA_OK(cudaMemcpy(g.data(), reinterpret_cast<uint8_t*>(ptr) + n * sizeof(T), kGuard, cudaMemcpyDeviceToHost));
+    return std::all_of(g.begin(), g.end(), [](uint8_t b) { return b == kGuardByte; });
+  }
+};
+
+uint32_t poison_word() { return 0x5a5a5a5au; }
+
+class IndexerCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+IndexerRopeFreqs c4a_rope() {
+  const Rope rope(RopeParams{160000, true, YarnParams{}});
+  IndexerRopeFreqs f;
+  std::copy(rope.inv_freq().begin(), rope.inv_freq().end(), f.inv_freq);
+  return f;
+}
+
+// ---- op 1: queries -------------------------------------------------------------------
+
+struct QueryInputs {
+  int T = 0, nI = 64;
+  std::vector<uint16_t> q_raw;
+  std::vector<float> proj;
+  std::vector<int32_t> positions;
+};
+
+QueryInputs random_query_inputs(int T, uint32_t seed) {
+  QueryInputs in;
+  in.T = T;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(-2.0f, 2.0f);
+  in.q_raw.resize(size_t(T) * in.nI * kIndexDim);
+  for (size_t i = 0; i < in.q_raw.size(); ++i) {
+    const int head = int(i / kIndexDim) % in.nI;
+    in.q_raw[i] = bf16_bits(nd(rng) * std::exp2(float(head % 7) - 3.0f));  // heads at different scales
+  }
+  in.proj.resize(size_t(T) * in.nI);
+  for (auto& v : in.proj) v = nd(rng) * 4.0f;
+  // Positions: 0, small, random, and the last positions of a 1M context.
+  for (int t = 0; t < T; ++t) {
+    int64_t p = int64_t(rng() % 1048576u);
+    if (t % 5 == 0) p = 1048575 - t;
+    if (t == 1) p = 0;
+    if (t == 2) p = 3;
+    in.positions.push_back(p);
+  }
+  return in;
+}
+
+struct QueryOutputs {
+  std::vector<uint8_t> codes, scales;
+  std::vector<float> weights;
+};
+
+QueryOutputs cpu_queries(const QueryInputs& in, IndexKeyFormat f) {
+  QueryOutputs o;
+  o.codes.assign(size_t(in.T) * in.nI * indexer_code_bytes(f), 0);
+  o.scales.assign(size_t(in.T) * in.nI * kIndexerScaleBytes, 0);
+  o.weights.assign(size_t(in.T) * in.nI, 0.0f);
+  IndexerQueryParams p;
+  p.num_tokens = in.T;
+  p.num_heads = in.nI;
+  p.q_raw = in.q_raw.data();
+  p.q_ld = int64_t(in.nI) * kIndexDim;
+  p.proj = in.proj.data();
+  p.proj_ld = in.nI;
+  p.positions = in.positions.data();
+  p.rope = c4a_rope();
+  p.out = IndexerQueriesOut{f, in.T, in.nI, o.codes.data(), o.scales.data(), o.weights.data()};
+  indexer_queries_cpu(p);
+  return o;
+}
+
+template <typename T>
+int first_mismatch(const std::vector<T>& a, const std::vector<T>& b, size_t limit) {
+  for (size_t i = 0; i < limit; ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return int(i);
+  return -1;
+}
+
+void check_queries(IndexKeyFormat f, int T, int real, uint32_t seed) {
+  const QueryInputs in = random_query_inputs(T, seed);
+  const QueryOutputs want = cpu_queries(in, f);
+  DevBuf<uint16_t> q_raw(in.q_raw);
+  DevBuf<float> proj(in.proj);
+  DevBuf<int32_t> pos(in.positions);
+  DevBuf<int32_t> real_d(std::vector<int32_t>{real});
+  DevBuf<uint8_t> codes(want.codes.size()), scales(want.scales.size());
+  DevBuf<float> weights(want.weights.size());
+  codes.poison();
+  scales.poison();
+  weights.poison();
+  IndexerQueryParams p;
+  p.num_tokens = T;
+  p.num_heads = in.nI;
+  p.real_tokens = real < T ? real_d.ptr : nullptr;
+  p.q_raw = q_raw.ptr;
+  p.q_ld = int64_t(in.nI) * kIndexDim;
+  p.proj = proj.ptr;
+  p.proj_ld = in.nI;
+  p.positions = pos.ptr;
+  p.rope = c4a_rope();
+  p.out = IndexerQueriesOut{f, T, in.nI, codes.ptr, scales.ptr, weights.ptr};
+  indexer_queries_cuda(p, nullptr);
+  IX_CUDA_OK(cudaDeviceSynchronize());
+  const auto got_codes = codes.download(), got_scales = scales.download();
+  const auto got_w = weights.download();
+  const size_t per_token_codes = size_t(in.nI) * indexer_code_bytes(f), per_token_scales = size_t(in.nI) * 4;
+  // Real rows bitwise; padded rows untouched (still poison).
+  const int c = first_mismatch(got_codes, want.codes, size_t(real) * per_token_codes);
+  EXPECT_EQ(c, -1) << "code byte " << c << " (token " << c / int(per_token_codes) << "): gpu " << int(got_codes[size_t(c)])
+                   << " cpu " << int(want.codes[size_t(c)]);
+  const int s = first_mismatch(got_scales, want.scales, size_t(real) * per_token_scales);
+  EXPECT_EQ(s, -1) << "scale byte " << s << ": gpu " << int(got_scales[size_t(s)]) << " cpu " << int(want.scales[size_t(s)]);
+  const int w = first_mismatch(got_w, want.weights, size_t(real) * in.nI);
+  EXPECT_EQ(w, -1) << "weight " << w << ": gpu " << got_w[size_t(w)] << " cpu " << want.weights[size_t(w)];
+  for (size_t i = size_t(real) * per_token_codes; i < got_codes.size(); ++i)
+    ASSERT_EQ(got_codes[i], kPoisonByte) << "padded token's code byte " << i << " written";
+  for (size_t i = size_t(real) * per_token_scales; i < got_scales.size(); ++i)
+    ASSERT_EQ(got_scales[i], kPoisonByte) << "padded token's scale byte " << i << " written";
+  for (size_t i = size_t(real) * in.nI; i < got_w.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &got_w[i], 4);
+    ASSERT_EQ(u, poison_word()) << "padded token's weight " << i << " written";
+  }
+  // No NaN where the CPU has none; the records are fully written (no poison left in real rows
+  // unless the CPU wrote the same byte, which the bitwise check covers).
+  for (int i = 0; i < real * in.nI; ++i) ASSERT_FALSE(std::isnan(got_w[size_t(i)])) << "weight " << i;
+  EXPECT_TRUE(codes.guard_intact() && scales.guard_intact() && weights.guard_intact()) << "write past an output";
+}
+
+TEST_F(IndexerCudaTest, QueriesMxfp4MatchCpuBitwise) { check_queries(IndexKeyFormat::kMxfp4, 53, 53, 101); }
+TEST_F(IndexerCudaTest, QueriesFp8MatchCpuBitwise) { check_queries(IndexKeyFormat::kFp8, 53, 53, 102); }
+TEST_F(IndexerCudaTest, QueriesSkipPaddedTokens) {
+  check_queries(IndexKeyFormat::kMxfp4, 16, 11, 103);
+  check_queries(IndexKeyFormat::kFp8, 16, 11, 104);
+}
+
+// The CPU twin's queries equal the layer's original composition: Rope::apply,
+// bf16, Hadamard, bf16, the key codec's quantization (no device needed).
+TEST(IndexerCpuTwin, QueriesEqualRopeHadamardAndTheKeyCodec) {
+  const QueryInputs in = random_query_inputs(9, 105);
+  const Rope rope(RopeParams{160000, true, YarnParams{}});
+  for (IndexKeyFormat f : {IndexKeyFormat::kMxfp4, IndexKeyFormat::kFp8}) {
+    const QueryOutputs got = cpu_queries(in, f);
+    const int cb = indexer_code_bytes(f);
+    std::vector<uint8_t> page(size_t(cb + 4));
+    for (int t = 0; t < in.T; ++t)
+      for (int h = 0; h < in.nI; ++h) {
+        float x[kIndexDim];
+        const size_t e = size_t(t) * in.nI + h;
+        for (int i = 0; i < kIndexDim; ++i) x[i] = bf16_to_float(in.q_raw[e * kIndexDim + i]);
+        rope.apply(x + 64, in.positions[size_t(t)]);
+        round_bf16(x + 64, 64);
+        hadamard_rotate(x, kIndexDim);
+        round_bf16(x, kIndexDim);
+        index_key_encode(f, x, page.data(), 1, 0);
+        ASSERT_EQ(std::memcmp(page.data(), got.codes.data() + e * cb, size_t(cb)), 0) << "token " << t << " head " << h;
+        ASSERT_EQ(std::memcmp(page.data() + cb, got.scales.data() + e * 4, 4), 0) << "token " << t << " head " << h;
+        const float w = round_bf16(round_bf16(in.proj[e]) * float(1.0 / std::sqrt(128.0) / std::sqrt(64.0)));
+        ASSERT_EQ(got.weights[e], w);
+      }
+  }
+}
+
+// ---- op 2: selection ------------------------------------------------------------------
+
+struct RunSpec {
+  int64_t first_pos = 0;  // position of the run's first token
+  int tokens = 1;
+  int first_block = 0;    // table column 0 = this logical block (earlier keys have no page)
+};
+
+// A step's selection inputs on the host: runs, positions, block tables, key
+// pages (random keys) and query records (from random q_raw via the CPU twin).
+struct World {
+  IndexKeyFormat format = IndexKeyFormat::kMxfp4;
+  int topk = 512, T = 0, width = 1;
+  std::vector<int32_t> positions;
+  std::vector<int32_t> token_run;
+  std::vector<int32_t> pages, first;
+  int64_t num_pages = 0;
+  size_t stride = 0;
+  std::vector<uint8_t> pool;      // num_pages * stride bytes (host)
+  std::vector<int64_t> used;      // pages holding keys
+  QueryOutputs q;
+
+  KvPages host_keys() const { return KvPages{pool.data(), num_pages, kIndexerKeysPerPage, stride}; }
+  BlockTableView host_table() const { return BlockTableView{pages.data(), first.data(), width, kIndexerKeysPerPage}; }
+  IndexerQueries host_queries() const {
+    return IndexerQueries{format, T, 64, q.codes.data(), q.scales.data(), q.weights.data()};
+  }
+};
+
+struct WorldOptions {
+  int64_t page_offset = 0;  // first page id handed out (big: byte offsets past 2^31)
+  double slow_key_rate = 0;  // MXFP4 keys with a block 2^5 below the others (the exact path)
+  int duplicate_every = 0;   // > 0: every key j with j % this != 0 copies key j - j % this (exact ties)
+  uint32_t seed = 1;
+};
+
+// Key j of a run: a random 128-vector with per-block magnitudes 2^0..2^2
+// (MXFP4 blocks 0..2 binades apart: fold shifts 0..2), quantized by the codec.
+void random_key(std::mt19937& rng, IndexKeyFormat f, bool slow, uint8_t* page, int t) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  float v[kIndexDim];
+  const float key_scale = std::exp2(float(int(rng() % 9)) - 4.0f);
+  for (int b = 0; b < 4; ++b) {
+    const float s = key_scale * std::exp2(float(rng() % 3)) * (slow && b == 3 ? 1.0f / 64 : 1.0f);
+    for (int i = 0; i < 32; ++i) v[32 * b + i] = nd(rng) * s;
+  }
+  index_key_encode(f, v, page, kIndexerKeysPerPage, t);
+}
+
+World make_world(IndexKeyFormat f, int topk, const std::vector<RunSpec>& runs, const WorldOptions& opt) {
+  World w;
+  w.format = f;
+  w.topk = topk;
+  w.stride = index_key_page_stride(f, kIndexerKeysPerPage);
+  std::mt19937 rng(opt.seed);
+  // Pages per run: the blocks from first_block up to the last token's visible keys.
+  std::vector<int64_t> blocks;
+  int64_t total = 0;
+  for (const RunSpec& r : runs) {
+    const int64_t n = indexer_visible(r.first_pos + r.tokens - 1);
+    const int64_t b = std::max<int64_t>(0, (n + 63) / 64 - r.first_block);
+    blocks.push_back(b);
+    total += b;
+    w.width = std::max<int>(w.width, int(b) + 1);  // one spare column (-1)
+  }
+  w.num_pages = opt.page_offset + total + 3;  // a few never-used pages
+  w.pool.assign(size_t(w.num_pages) * w.stride, 0);
+  std::vector<int64_t> ids(static_cast<size_t>(total));
+  std::iota(ids.begin(), ids.end(), opt.page_offset);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  w.pages.assign(runs.size() * size_t(w.width), -1);
+  w.first.assign(runs.size(), 0);
+  size_t next = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    w.first[r] = runs[r].first_block;
+    for (int64_t b = 0; b < blocks[r]; ++b) {
+      const int64_t page = ids[next++];
+      w.pages[r * size_t(w.width) + size_t(b)] = int32_t(page);
+      w.used.push_back(page);
+      uint8_t* base = w.pool.data() + size_t(page) * w.stride;
+      for (int t = 0; t < kIndexerKeysPerPage; ++t) {
+        const bool slow = f == IndexKeyFormat::kMxfp4 && std::generate_canonical<double, 32>(rng) < opt.slow_key_rate;
+        random_key(rng, f, slow, base, t);
+      }
+      if (opt.duplicate_every > 0) {  // copy records within the page: equal keys, equal scores
+        const int cb = indexer_code_bytes(f);
+        for (int t = 0; t < kIndexerKeysPerPage; ++t) {
+          const int src = t - t % opt.duplicate_every;
+          std::memcpy(base + size_t(cb) * t, base + size_t(cb) * src, size_t(cb));
+          std::memcpy(base + size_t(cb) * 64 + 4 * t, base + size_t(cb) * 64 + 4 * src, 4);
+        }
+      }
+    }
+    for (int i = 0; i < runs[r].tokens; ++i) {
+      w.positions.push_back(runs[r].first_pos + i);
+      w.token_run.push_back(int32_t(r));
+    }
+  }
+  w.T = int(w.positions.size());
+  QueryInputs qi = random_query_inputs(w.T, opt.seed + 7);
+  qi.positions = w.positions;
+  w.q = cpu_queries(qi, f);
+  return w;
+}
+
+struct Selection {
+  std::vector<int32_t> picks, slots, lengths;
+};
+
+IndexerSelectParams host_params(const World& w, Selection& out) {
+  out.picks.assign(size_t(w.T) * w.topk, 0);
+  out.slots.assign(size_t(w.T) * w.topk, 0);
+  out.lengths.assign(size_t(w.T), 0);
+  IndexerSelectParams p;
+  p.num_tokens = w.T;
+  p.positions = w.positions.data();
+  p.token_run = w.token_run.data();
+  p.c4a_table = w.host_table();
+  p.keys = w.host_keys();
+  p.queries = w.host_queries();
+  p.topk = w.topk;
+  p.picks = out.picks.data();
+  p.slots = out.slots.data();
+  p.lengths = out.lengths.data();
+  return p;
+}
+
+Selection cpu_select(const World& w) {
+  Selection s;
+  indexer_select_cpu(host_params(w, s));
+  return s;
+}
+
+// The world on the device and the GPU op's outputs.
+struct DeviceWorld {
+  DevBuf<int32_t> positions;
+  DevBuf<int32_t> token_run, pages, first, real;
+  DevBuf<uint8_t> pool, qcodes, qscales;
+  DevBuf<float> qweights;
+  DevBuf<int32_t> picks, slots, lengths;
+  const World& w;
+  explicit DeviceWorld(const World& world, int real_tokens = -1)
+      : positions(world.positions), token_run(world.token_run), pages(world.pages), first(world.first),
+        real(std::vector<int32_t>{real_tokens}), pool(world.pool.size()), qcodes(world.q.codes),
+        qscales(world.q.scales), qweights(world.q.weights), picks(size_t(world.T) * world.topk),
+        slots(size_t(world.T) * world.topk), lengths(size_t(world.T)), w(world) {
+    for (int64_t page : world.used)  // only the pages holding keys travel
+      IX_CUDA_OK(cudaMemcpy(pool.ptr + size_t(page) * world.stride, world.pool.data() + size_t(page) * world.stride,
+                            world.stride, cudaMemcpyHostToDevice));
+  }
+  IndexerSelectParams params(bool padded) const {
+    IndexerSelectParams p;
+    p.num_tokens = w.T;
+    p.real_tokens = padded ? real.ptr : nullptr;
+    p.positions = positions.ptr;
+    p.token_run = token_run.ptr;
+    p.c4a_table = BlockTableView{pages.ptr, first.ptr, w.width, kIndexerKeysPerPage};
+    p.keys = KvPages{pool.ptr, w.num_pages, kIndexerKeysPerPage, w.stride};
+    p.queries = IndexerQueries{w.format, w.T, 64, qcodes.ptr, qscales.ptr, qweights.ptr};
+    p.topk = w.topk;
+    p.picks = picks.ptr;
+    p.slots = slots.ptr;
+    p.lengths = lengths.ptr;
+    return p;
+  }
+  Selection run(IndexerSelectCuda& op, bool padded = false) {
+    picks.poison();
+    slots.poison();
+    lengths.poison();
+    op.run(params(padded), nullptr);
+    IX_CUDA_OK(cudaDeviceSynchronize());
+    Selection s{picks.download(), slots.download(), lengths.download()};
+    EXPECT_TRUE(picks.guard_intact() && slots.guard_intact() && lengths.guard_intact()) << "write past an output";
+    return s;
+  }
+};
+
+// Every element written; lengths = the number of picks; slots = block_table_slot of the picks.
+void check_well_formed(const World& w, const Selection& g, int real) {
+  const BlockTableView tb = w.host_table();
+  for (int t = 0; t < w.T; ++t) {
+    const int len = g.lengths[size_t(t)];
+    ASSERT_NE(uint32_t(len), poison_word()) << "length of token " << t << " not written";
+    const int64_t visible = t < real ? indexer_visible(w.positions[size_t(t)]) : 0;
+    ASSERT_TRUE(len >= 0 && len <= std::min<int64_t>(w.topk, visible)) << "token " << t << " length " << len;
+    std::set<int32_t> seen;
+    for (int i = 0; i < w.topk; ++i) {
+      const int32_t j = g.picks[size_t(t) * w.topk + size_t(i)], s = g.slots[size_t(t) * w.topk + size_t(i)];
+      if (i < len) {
+        ASSERT_TRUE(j >= 0 && j < visible) << "token " << t << " pick " << i << " = " << j;
+        ASSERT_TRUE(seen.insert(j).second) << "token " << t << " picks " << j << " twice";
+        ASSERT_EQ(s, block_table_slot(tb, w.token_run[size_t(t)], j)) << "token " << t << " slot of pick " << i;
+      } else {
+        ASSERT_EQ(j, -1) << "token " << t << " pick " << i << " beyond length " << len;
+        ASSERT_EQ(s, -1) << "token " << t << " slot " << i << " beyond length " << len;
+      }
+    }
+  }
+}
+
+// MXFP4: the same picks in the same order, slots and lengths, bit for bit.
+void expect_identical(const World& w, const Selection& want, const Selection& got) {
+  for (int t = 0; t < w.T; ++t) {
+    ASSERT_EQ(got.lengths[size_t(t)], want.lengths[size_t(t)]) << "token " << t << " length";
+    for (int i = 0; i < w.topk; ++i) {
+      const size_t k = size_t(t) * w.topk + size_t(i);
+      ASSERT_EQ(got.picks[k], want.picks[k]) << "token " << t << " (position " << w.positions[size_t(t)] << ") pick "
+                                             << i << ": gpu " << got.picks[k] << " cpu " << want.picks[k];
+      ASSERT_EQ(got.slots[k], want.slots[k]) << "token " << t << " slot " << i;
+    }
+  }
+}
+
+// FP8: lengths equal; every pick the GPU and the CPU disagree on scores within
+// `tol` of the CPU's k-th score (scores from the CPU twin). The bound: the
+// tensor cores' fp32 accumulation of e4m3 products truncates below about
+// 2^-13 of the largest partial sum (13-bit accumulator mantissa), so a dot is
+// off by a few 2^-10 of sum |q_i k_i| at most; after the bf16 roundings a
+// term moves by at most ~2 bf16 ulps (2^-7 relative) and the score by about
+// 2^-7 of the terms' magnitudes plus one ulp. For the keys near the top,
+// whose terms are mostly positive, that magnitude is the size of the top
+// score, so tol = 2^-5 * max_j |score_j| leaves a margin of 4 and still
+// rejects a wrong layout or scale (those give unrelated picks and an overlap
+// far below the bound checked by the caller). Returns the overlap.
+double expect_close(const World& w, const Selection& want, const Selection& got) {
+  int64_t same = 0, total = 0;
+  for (int t = 0; t < w.T; ++t) {
+    const int len = want.lengths[size_t(t)];
+    EXPECT_EQ(got.lengths[size_t(t)], len) << "token " << t;
+    if (len == 0) continue;
+    std::set<int32_t> a(want.picks.begin() + int64_t(t) * w.topk, want.picks.begin() + int64_t(t) * w.topk + len);
+    std::set<int32_t> b(got.picks.begin() + int64_t(t) * w.topk, got.picks.begin() + int64_t(t) * w.topk + len);
+    total += len;
+    int common = 0;
+    for (int32_t j : b) common += a.count(j) ? 1 : 0;
+    same += common;
+    if (common == len) continue;
+    const int64_t n = indexer_visible(w.positions[size_t(t)]);
+    std::vector<float> scores(static_cast<size_t>(n));
+    indexer_scores_cpu(w.host_queries(), t, w.host_table(), w.token_run[size_t(t)], w.host_keys(), n, scores.data());
+    float scale = 0.0f;  // max_j sum_h |term_h|, bounded by sum_h |w_h| * max |dot| ... taken from the scores
+    for (float s : scores)
+      if (!std::isnan(s)) scale = std::max(scale, std::fabs(s));
+    const float kth = scores[size_t(want.picks[size_t(t) * w.topk + size_t(len - 1)])];
+    const float tol = std::ldexp(scale, -5);
+    for (int32_t j : b)
+      if (!a.count(j))
+        EXPECT_GE(scores[size_t(j)], kth - tol) << "token " << t << ": gpu picked " << j << " (cpu score "
+                                                << scores[size_t(j)] << ") below the cpu's k-th " << kth;
+    for (int32_t j : a)
+      if (!b.count(j))
+        EXPECT_LE(scores[size_t(j)], kth + tol) << "token " << t << ": gpu dropped " << j << " (cpu score "
+                                                << scores[size_t(j)] << ") well above the cpu's k-th " << kth;
+  }
+  return total ? double(same) / double(total) : 1.0;
+}
+
+void compare(const World& w, const Selection& want, const Selection& got, int real) {
+  check_well_formed(w, got, real);
+  if (w.format == IndexKeyFormat::kMxfp4) {
+    expect_identical(w, want, got);
+  } else {
+    const double overlap = expect_close(w, want, got);
+    std::printf("    fp8 keys: top-k overlap with the cpu %.6f\n", overlap);
+    ::testing::Test::RecordProperty("topk_overlap", std::to_string(overlap));
+    EXPECT_GE(overlap, 0.95);
+  }
+}
+
+void run_case(IndexKeyFormat f, int topk, const std::vector<RunSpec>& runs, const WorldOptions& opt = {}) {
+  const World w = make_world(f, topk, runs, opt);
+  const Selection want = cpu_select(w);
+  DeviceWorld dw(w);
+  IndexerSelectCuda op({w.T, topk});
+  const Selection got = dw.run(op);
+  compare(w, want, got, w.T);
+  int picked = 0;
+  for (int len : got.lengths) picked += len;
+  std::printf("    %s topk %d: %d tokens, %d picks, workspace %.1f MB\n", std::string(index_key_format_name(f)).c_str(),
+              topk, w.T, picked, double(op.workspace_bytes()) / 1e6);
+}
+
+// Decode: one token per run, contexts from nothing visible to 70K positions.
+std::vector<RunSpec> decode_runs() {
+  std::vector<RunSpec> r;
+  for (int64_t pos : {70000, 2, 3, 4095, 2047, 16383, 5000, 700, 2048 + 7, 1999, 30000, 9})
+    r.push_back(RunSpec{pos, 1, 0});
+  return r;
+}
+
+// Prefill chunks (several runs, different contexts) with a decode token.
+std::vector<RunSpec> prefill_runs() {
+  return {RunSpec{5000, 300, 0}, RunSpec{0, 77, 0}, RunSpec{2301, 6, 0}, RunSpec{40000, 1, 0}, RunSpec{8190, 129, 0}};
+}
+
+TEST_F(IndexerCudaTest, DecodeMxfp4Top512) { run_case(IndexKeyFormat::kMxfp4, 512, decode_runs()); }
+TEST_F(IndexerCudaTest, DecodeFp8Top512) { run_case(IndexKeyFormat::kFp8, 512, decode_runs()); }
+TEST_F(IndexerCudaTest, DecodeMxfp4Top1024) { run_case(IndexKeyFormat::kMxfp4, 1024, decode_runs(), {.seed = 3}); }
+TEST_F(IndexerCudaTest, PrefillMxfp4Top512) { run_case(IndexKeyFormat::kMxfp4, 512, prefill_runs(), {.seed = 4}); }
+TEST_F(IndexerCudaTest, PrefillFp8Top1024) { run_case(IndexKeyFormat::kFp8, 1024, prefill_runs(), {.seed = 5}); }
+
+// Fewer visible keys than topk, and none at all (positions 0..2).
+TEST_F(IndexerCudaTest, VisibleBelowTopkAndZero) {
+  const std::vector<RunSpec> runs = {RunSpec{0, 40, 0}, RunSpec{1, 1, 0}, RunSpec{130, 3, 0}, RunSpec{2000, 1, 0}};
+  run_case(IndexKeyFormat::kMxfp4, 512, runs, {.seed = 6});
+  run_case(IndexKeyFormat::kFp8, 512, runs, {.seed = 7});
+}
+
+// Groups of equal keys: exact score ties, broken towards the lower j on both sides.
+TEST_F(IndexerCudaTest, ExactTiesGoToTheLowerKey) {
+  const std::vector<RunSpec> runs = {RunSpec{9000, 5, 0}, RunSpec{3000, 1, 0}};
+  run_case(IndexKeyFormat::kMxfp4, 512, runs, {.duplicate_every = 4, .seed = 8});
+  run_case(IndexKeyFormat::kMxfp4, 64, runs, {.duplicate_every = 64, .seed = 9});  // whole pages tie
+}
+
+// Keys whose MXFP4 blocks span more than 3 binades take the exact scalar path.
+TEST_F(IndexerCudaTest, WideBlockScalesTakeTheExactPath) {
+  run_case(IndexKeyFormat::kMxfp4, 512, {RunSpec{20000, 3, 0}, RunSpec{7000, 1, 0}}, {.slow_key_rate = 0.002, .seed = 10});
+}
+
+// Table rows that start at a later block: the earlier keys have no page and are never picked.
+TEST_F(IndexerCudaTest, KeysWithoutPagesAreSkipped) {
+  run_case(IndexKeyFormat::kMxfp4, 512, {RunSpec{20000, 2, 30}, RunSpec{5000, 1, 3}}, {.seed = 11});
+}
+
+// The longest context: 262,144 keys (positions up to 1,048,575), both topk.
+TEST_F(IndexerCudaTest, LongContext262kKeys) {
+  const std::vector<RunSpec> runs = {RunSpec{1048575, 1, 0}, RunSpec{1048572, 4, 0}};
+  run_case(IndexKeyFormat::kMxfp4, 1024, runs, {.seed = 12});
+  run_case(IndexKeyFormat::kFp8, 512, {RunSpec{1048575, 1, 0}}, {.seed = 13});
+}
+
+// Pages whose byte offset passes 2^31 (64-bit page arithmetic).
+TEST_F(IndexerCudaTest, PagesBeyond2GiB) {
+  const int64_t mx = (int64_t(1) << 31) / int64_t(index_key_page_stride(IndexKeyFormat::kMxfp4, 64)) + 100;
+  run_case(IndexKeyFormat::kMxfp4, 512, {RunSpec{6000, 2, 0}, RunSpec{3000, 1, 0}}, {.page_offset = mx, .seed = 14});
+  const int64_t f8 = (int64_t(1) << 31) / int64_t(index_key_page_stride(IndexKeyFormat::kFp8, 64)) + 100;
+  run_case(IndexKeyFormat::kFp8, 512, {RunSpec{6000, 2, 0}}, {.page_offset = f8, .seed = 15});
+}
+
+// Padded tokens (a device-side count): -1 rows and length 0; their positions
+// and runs are garbage that must not be read.
+TEST_F(IndexerCudaTest, PaddedTokensReadNothing) {
+  World w = make_world(IndexKeyFormat::kMxfp4, 512, {RunSpec{9000, 1, 0}, RunSpec{4000, 2, 0}, RunSpec{7000, 3, 0}}, {.seed = 16});
+  const int real = 3;
+  for (int t = real; t < w.T; ++t) {
+    w.positions[size_t(t)] = INT32_MAX;
+    w.token_run[size_t(t)] = 1 << 20;  // no such table row
+  }
+  World cpu_world = w;
+  cpu_world.T = real;  // the CPU twin sees only the real tokens
+  cpu_world.positions.resize(size_t(real));
+  cpu_world.token_run.resize(size_t(real));
+  const Selection want = cpu_select(cpu_world);
+  DeviceWorld dw(w, real);
+  IndexerSelectCuda op({w.T, 512});
+  const Selection got = dw.run(op, true);
+  check_well_formed(w, got, real);
+  for (int t = 0; t < w.T; ++t) {
+    if (t >= real) {
+      ASSERT_EQ(got.lengths[size_t(t)], 0) << "padded token " << t;
+      continue;
+    }
+    ASSERT_EQ(got.lengths[size_t(t)], want.lengths[size_t(t)]) << "token " << t;
+    for (int i = 0; i < w.topk; ++i)
+      ASSERT_EQ(got.picks[size_t(t) * w.topk + size_t(i)], want.picks[size_t(t) * w.topk + size_t(i)]) << "token " << t;
+  }
+}
+
+// Same inputs, same bits: repeated runs and a CUDA-graph replay.
+TEST_F(IndexerCudaTest, DeterministicAndGraphCapturable) {
+  for (IndexKeyFormat f : {IndexKeyFormat::kMxfp4, IndexKeyFormat::kFp8}) {
+    const World w = make_world(f, 512, prefill_runs(), {.seed = 17});
+    DeviceWorld dw(w);
+    IndexerSelectCuda op({w.T, 512});
+    const Selection first = dw.run(op);
+    for (int rep = 0; rep < 3; ++rep) {
+      const Selection again = dw.run(op);
+      ASSERT_EQ(again.picks, first.picks) << "run " << rep;
+      ASSERT_EQ(again.slots, first.slots) << "run " << rep;
+      ASSERT_EQ(again.lengths, first.lengths) << "run " << rep;
+    }
+    cudaStream_t stream;
+    IX_CUDA_OK(cudaStreamCreate(&stream));
+    dw.picks.poison();
+    dw.slots.poison();
+    dw.lengths.poison();
+    cudaGraph_t graph;
+    IX_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    op.run(dw.params(false), stream);
+    IX_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    IX_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    IX_CUDA_OK(cudaGraphLaunch(exec, stream));
+    IX_CUDA_OK(cudaStreamSynchronize(stream));
+    ASSERT_EQ(dw.picks.download(), first.picks);
+    ASSERT_EQ(dw.slots.download(), first.slots);
+    ASSERT_EQ(dw.lengths.download(), first.lengths);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+// Host-side checks throw before anything launches.
+TEST_F(IndexerCudaTest, BadParamsThrow) {
+  const World w = make_world(IndexKeyFormat::kMxfp4, 512, {RunSpec{300, 1, 0}}, {.seed = 18});
+  DeviceWorld dw(w);
+  IndexerSelectCuda op({w.T, 512});
+  IndexerSelectParams p = dw.params(false);
+  p.queries.num_heads = 32;
+  EXPECT_THROW(op.run(p, nullptr), Error);
+  p = dw.params(false);
+  p.topk = 1025;
+  EXPECT_THROW(op.run(p, nullptr), Error);
+  IndexerSelectCuda small({w.T, 256});
+  EXPECT_THROW(small.run(dw.params(false), nullptr), Error);  // topk beyond the limits
+  p = dw.params(false);
+  p.num_tokens = w.T + 1;
+  EXPECT_THROW(op.run(p, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace dsv4::test
