@@ -1,50 +1,79 @@
 #!/usr/bin/env bash
-# What one call of the lent GPU machine runs (see docs/perf-notes.md): the
-# carried binaries from scripts/device-build.sh (rebuilt there if they do not
-# start), the GPU tests, compute-sanitizer on a small filter, the SASS
-# resource summary and the benchmark. Logs go to $OUT.
+# One call of the lent GPU machine (see docs/perf-notes.md): the project's own
+# CMake build there (no Debian packages to install: that machine has CMake,
+# nvcc, cuBLAS, GoogleTest, nlohmann-json, CLI11 and libgomp, and no cblas.h,
+# so the CPU ops build their own GEMM), then the steps asked for, each
+# logging to $OUT (at most 8 files come back).
 #
-#   scripts/device-run.sh [STEPS]   STEPS: comma list of env,test,sanitize,sass,bench (default: all)
+#   scripts/device-run.sh [STEPS]
+#     STEPS: comma list of build, test, sanitize, verify, bench, step, prefill1m
+#            (default: build,test,verify,sanitize,bench)
+#   env: BUILD_DIR (default build-dev), TEST_FILTER (gtest filter for the GPU
+#        test binaries), BENCH (space list of benchmarks, default all), JOBS
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 OUT=${OUT:-/tmp/dsv4-out}
 mkdir -p "$OUT"
-steps=${1:-env,test,sanitize,sass,bench}
+steps=${1:-build,test,verify,sanitize,bench}
 has() { [[ ",$steps," == *",$1,"* ]]; }
 export PATH=$PATH:/usr/local/cuda/bin
+b=${BUILD_DIR:-build-dev}
+jobs=${JOBS:-$(nproc)}
 
-bin=devbin
-if ! ./devbin/sparse_attention_cuda_test --gtest_list_tests >/dev/null 2>&1; then
-  echo "carried binaries do not start here; building with nvcc on the device" | tee "$OUT/build.log"
-  GTEST_SRC=$root/devbin/googletest OBJ_DIR=/tmp/dsv4-obj JOBS=16 scripts/device-build.sh /tmp/dsv4-bin >>"$OUT/build.log" 2>&1
-  bin=/tmp/dsv4-bin
+if has build; then
+  { nvidia-smi; nvcc --version | tail -2; cmake --version | head -1; g++ --version | head -1; } >"$OUT/build.log" 2>&1
+  t0=$(date +%s)
+  { cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_FUZZ=OFF &&
+    cmake --build "$b" -j "$jobs"; } >>"$OUT/build.log" 2>&1
+  rc=$?
+  echo "== build: exit $rc in $(( $(date +%s) - t0 )) s"; grep -E "error|FAILED|dsv4: " "$OUT/build.log" | head -20
+  [ $rc -eq 0 ] || exit $rc
 fi
-
-if has env; then
-  { nvidia-smi; nvidia-smi --query-gpu=clocks.sm,clocks.mem,clocks.max.sm --format=csv; uname -a; } >"$OUT/env.log" 2>&1
-fi
+filter=${TEST_FILTER:-*}
 if has test; then
-  echo "== tests"
-  timeout 300 "$bin/sparse_attention_cuda_test" 2>&1 | tee "$OUT/test.log" | grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |FAILED|Failure|rows .* max rel|expected|Which is|^\[==========\]"
+  echo "== GPU tests"
+  for t in sparse_attention_cuda_test backend_ops_test engine_cuda_test; do
+    timeout 600 "$b/$t" --gtest_filter="$filter" >>"$OUT/test.log" 2>&1
+    echo "$t: exit $?"
+  done
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Which is|expected|    (rows|layer|output|vs|max)" "$OUT/test.log" | head -80
+fi
+if has verify; then
+  echo "== verify"
+  { "$b/dsv4" verify tests/golden mini-fp8 --device cuda; echo "exit $?"; } 2>&1 | tee "$OUT/verify.log" | tail -12
 fi
 if has sanitize; then
   echo "== compute-sanitizer"
-  filter='*SanitizerSmall*:*ZeroTokens*:*BadCalls*:*NanCode*:*SmallHeadCount*'
+  sf=${SANITIZE_FILTER:-'*SanitizerSmall*:*ZeroTokens*:*BadCalls*:QkvNormRope.FlashOneToken:Compressor.*C4A*Main*:IndexerCudaTest.Decode*512:IndexerCudaTest.Padded*:DeviceStepTest.*:LinearCudaTest.ZeroRows*'}
   for tool in memcheck racecheck synccheck initcheck; do
-    echo "--- $tool" >>"$OUT/sanitizer.log"
-    timeout 300 compute-sanitizer --tool "$tool" "$bin/sparse_attention_cuda_test" --gtest_filter="$filter" \
-      >>"$OUT/sanitizer.log" 2>&1
-    echo "exit $?" >>"$OUT/sanitizer.log"
+    for t in sparse_attention_cuda_test backend_ops_test; do
+      echo "--- $tool $t" >>"$OUT/sanitizer.log"
+      timeout 300 compute-sanitizer --tool "$tool" "$b/$t" --gtest_filter="$sf" >>"$OUT/sanitizer.log" 2>&1
+      echo "exit $?" >>"$OUT/sanitizer.log"
+    done
   done
+  echo "--- memcheck dsv4 run" >>"$OUT/sanitizer.log"
+  timeout 300 compute-sanitizer --tool memcheck "$b/dsv4" run --device cuda --requests 3 --prompt 300 --gen 4 \
+    --budget 256 >>"$OUT/sanitizer.log" 2>&1
+  echo "exit $?" >>"$OUT/sanitizer.log"
   grep -E "^--- |ERROR SUMMARY|RACECHECK SUMMARY|^exit|PASSED|FAILED" "$OUT/sanitizer.log"
 fi
-if has sass; then
-  cuobjdump -res-usage "$bin/sparse_attention_bench" >"$OUT/sass.txt" 2>&1
-  cuobjdump -sass "$bin/sparse_attention_bench" >>"$OUT/sass.txt" 2>&1
-  echo "== SASS: $(grep -c HMMA "$OUT/sass.txt") HMMA, $(grep -c -E 'LDL|STL' "$OUT/sass.txt") local loads/stores"
-fi
 if has bench; then
-  echo "== benchmark"
-  "$bin/sparse_attention_bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+  echo "== benchmarks"
+  for x in ${BENCH:-sparse_attention_bench linear_bench fused_bench indexer_bench}; do
+    args=${BENCH_ARGS:-}
+    echo "### $x $args" >>"$OUT/bench.log"
+    timeout 600 "$b/$x" $args >>"$OUT/bench.log" 2>&1
+    echo "$x: exit $?" | tee -a "$OUT/bench.log"
+  done
+  tail -c 6000 "$OUT/bench.log"
+fi
+if has step; then
+  echo "== step benchmark"
+  timeout 590 "$b/step_bench" --json "$OUT/step.json" ${STEP_ARGS:-} 2>&1 | tee "$OUT/step.log"
+fi
+if has prefill1m; then
+  echo "== 1M prefill"
+  timeout 590 "$b/step_bench" --prefill-1m --json "$OUT/prefill1m.json" 2>&1 | tee "$OUT/prefill1m.log"
 fi

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "cache/fp8_ds_mla.h"
@@ -39,7 +40,8 @@ Fp8ActOut fp8_act(Carver& c, int rows, int cols, int capacity) {
 
 // The carving of every buffer, for `tokens` rows of a `capacity`-row pool.
 void carve(Carver& c, StepBuffers& b, const ModelConfig& m, IndexKeyFormat keys, int tokens, int capacity) {
-  const int64_t T = capacity, D = m.hidden_size, H = m.num_heads, R = m.q_lora_rank, nI = m.index_n_heads;
+  const int64_t T = capacity, D = m.hidden_size, H = m.num_heads, R = m.q_lora_rank;
+  const int64_t nI = std::max<int64_t>(m.index_n_heads, kScorerHeads);  // padded heads read zeros
   const int64_t topk = m.index_topk, out = int64_t(m.o_groups) * m.o_lora_rank;
   b.h = c.take<float>(T * D);
   b.x = c.take<uint16_t>(T * D);

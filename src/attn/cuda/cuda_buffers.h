@@ -22,6 +22,10 @@ class IndexerSelectCuda;
 
 namespace dsv4::cuda {
 
+// The GPU indexer scorer's query heads: a model with fewer (nI < 64) runs on
+// zero-padded heads (IndexerQueryParams::scale_heads).
+inline constexpr int kScorerHeads = 64;
+
 class DeviceCache;
 class LinearWorkspace;
 

@@ -56,6 +56,28 @@ void require_fp8(const WeightMatrix& m) {
                                " is not FP8; the CUDA backend runs checkpoints with FP8 linears (SPEC §3) only");
 }
 
+// Rows [r0, r0 + n) of an FP8 matrix as a matrix of its own, its bytes shared:
+// valid when the rows lie inside one 128-row block of scales or start at one.
+WeightMatrix fp8_row_slice(const WeightMatrix& w, int64_t r0, int64_t n) {
+  DSV4_REQUIRE(r0 % 128 == 0 || r0 / 128 == (r0 + n - 1) / 128,
+               "cuda backend: rows " + std::to_string(r0) + ".." + std::to_string(r0 + n - 1) + " of " + w.name +
+                   " straddle its 128-row scale blocks");
+  WeightMatrix s;
+  s.name = w.name + "[" + std::to_string(r0) + ":" + std::to_string(r0 + n) + "]";
+  s.rows = n, s.cols = w.cols, s.dtype = w.dtype;
+  s.data = w.data.subspan(size_t(r0 * w.cols), size_t(n * w.cols));
+  const int64_t sc = w.scale_cols(), b0 = r0 / 128, b1 = (r0 + n - 1) / 128;
+  s.block_scales.assign(w.block_scales.begin() + b0 * sc, w.block_scales.begin() + (b1 + 1) * sc);
+  return s;
+}
+
+std::vector<WeightMatrix> wo_a_slices(const ModelConfig& c, const WeightMatrix& w) {
+  std::vector<WeightMatrix> s;
+  if (c.o_lora_rank % 128 != 0)
+    for (int g = 0; g < c.o_groups; ++g) s.push_back(fp8_row_slice(w, int64_t(g) * c.o_lora_rank, c.o_lora_rank));
+  return s;
+}
+
 const std::vector<float>& ape_or_empty(const std::optional<CompressorWeights>& c) {
   static const std::vector<float> none;
   return c ? c->ape : none;
@@ -121,11 +143,13 @@ CudaLayer::CudaLayer(const ModelConfig& config, const LayerWeights& w, IndexKeyF
       wqkv_((require_fp8(w.wq_a), require_fp8(w.wkv), std::vector<const WeightMatrix*>{&w.wq_a, &w.wkv}), linear),
       wq_b_((require_fp8(w.wq_b), w.wq_b), linear),
       wo_b_((require_fp8(w.wo_b), w.wo_b), linear),
-      wo_a_((require_fp8(w.wo_a), w.wo_a), config.o_groups, W8A16Options{linear}),
+      wo_a_slices_((require_fp8(w.wo_a), wo_a_slices(config, w.wo_a))),
       q_norm_(w.q_norm), kv_norm_(w.kv_norm), sink_(w.attn_sink), ape_(ape_or_empty(w.compressor)),
       norm_(w.compressor ? w.compressor->norm : std::vector<float>{}),
       idx_ape_(w.indexer ? w.indexer->compressor.ape : std::vector<float>{}),
       idx_norm_(w.indexer ? w.indexer->compressor.norm : std::vector<float>{}) {
+  if (wo_a_slices_.empty()) wo_a_.emplace_back(w.wo_a, config.o_groups, W8A16Options{linear});
+  for (const WeightMatrix& s : wo_a_slices_) wo_a_.emplace_back(s, 1, W8A16Options{linear});
   if (w.compressor) proj_.emplace(proj_parts(w), linear);
   if (w.indexer) {
     require_fp8(w.indexer->wq_b);
@@ -134,14 +158,16 @@ CudaLayer::CudaLayer(const ModelConfig& config, const LayerWeights& w, IndexKeyF
 }
 
 std::vector<LinearNeeds> CudaLayer::needs(int max_m) const {
-  std::vector<LinearNeeds> n = {wqkv_.needs(max_m), wq_b_.needs(max_m), wo_b_.needs(max_m), wo_a_.needs(max_m)};
+  std::vector<LinearNeeds> n = {wqkv_.needs(max_m), wq_b_.needs(max_m), wo_b_.needs(max_m)};
+  for (const W8A16GroupedLinear& l : wo_a_) n.push_back(l.needs(max_m));
   if (proj_) n.push_back(proj_->needs(max_m));
   if (idx_wq_b_) n.push_back(idx_wq_b_->needs(max_m));
   return n;
 }
 
 int64_t CudaLayer::device_bytes() const {
-  int64_t n = int64_t(wqkv_.device_bytes() + wq_b_.device_bytes() + wo_b_.device_bytes() + wo_a_.device_bytes());
+  int64_t n = int64_t(wqkv_.device_bytes() + wq_b_.device_bytes() + wo_b_.device_bytes());
+  for (const W8A16GroupedLinear& l : wo_a_) n += int64_t(l.device_bytes());
   if (proj_) n += int64_t(proj_->device_bytes());
   if (idx_wq_b_) n += int64_t(idx_wq_b_->device_bytes());
   for (const DeviceFloats* f : {&q_norm_, &kv_norm_, &sink_, &ape_, &norm_, &idx_ape_, &idx_norm_})
@@ -218,11 +244,14 @@ void CudaLayer::compress(StepBuffers& b) {
 void CudaLayer::select(StepBuffers& b) {
   if (!idx_wq_b_) return;
   mark(b, 2 * layer_);
-  const int T = b.tokens, nI = config_.index_n_heads;
+  // Heads past the model's nI (the scorer takes 64) read the zero columns
+  // the buffers were made with: their terms are +0.
+  const int T = b.tokens, nI = std::max(config_.index_n_heads, kScorerHeads);
   idx_wq_b_->forward(b.cq8, b.idx_q, int64_t(nI) * kIndexDim, *b.linear, b.stream);
   IndexerQueryParams q;
   q.num_tokens = T;
   q.num_heads = nI;
+  q.scale_heads = config_.index_n_heads;
   q.real_tokens = b.real_tokens;
   q.q_raw = b.idx_q;
   q.q_ld = int64_t(nI) * kIndexDim;
@@ -287,7 +316,15 @@ void CudaLayer::project_out(StepBuffers& b) {
   const int T = b.tokens, H = config_.num_heads;
   out_inverse_rope_cuda(OutInverseRopeParams{T, H, b.o, int64_t(H) * kKvDim, b.step.positions, &rope_}, b.stream);
   const int64_t u_cols = int64_t(config_.o_groups) * config_.o_lora_rank;
-  wo_a_.forward(b.o, int64_t(H) * kKvDim, T, b.u, u_cols, &b.u8, *b.linear, b.stream);
+  if (wo_a_slices_.empty()) {
+    wo_a_[0].forward(b.o, int64_t(H) * kKvDim, T, b.u, u_cols, &b.u8, *b.linear, b.stream);
+  } else {
+    const int64_t k_g = int64_t(H / config_.o_groups) * kKvDim;
+    for (size_t g = 0; g < wo_a_.size(); ++g)
+      wo_a_[g].forward(b.o + int64_t(g) * k_g, int64_t(H) * kKvDim, T, b.u + int64_t(g) * config_.o_lora_rank, u_cols,
+                       nullptr, *b.linear, b.stream);
+    quantize_act(b.u, u_cols, b.u8, b.stream);
+  }
   wo_b_.forward(b.u8, b.y, config_.hidden_size, *b.linear, b.stream);
 }
 

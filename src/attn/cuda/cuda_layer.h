@@ -74,7 +74,10 @@ class CudaLayer {
   IndexKeyFormat keys_;
   Rope rope_;
   Fp8Linear wqkv_, wq_b_, wo_b_;
-  W8A16GroupedLinear wo_a_;
+  // wo_a: one grouped linear, or (o_lora_rank not a multiple of 128) one per
+  // group on its rows, with the FP8 quantization of u after them.
+  std::vector<WeightMatrix> wo_a_slices_;
+  std::vector<W8A16GroupedLinear> wo_a_;
   std::optional<Bf16Linear> proj_;   // compressor (+ indexer compressor, weights_proj) projections
   std::optional<Fp8Linear> idx_wq_b_;
   DeviceFloats q_norm_, kv_norm_, sink_, ape_, norm_, idx_ape_, idx_norm_;

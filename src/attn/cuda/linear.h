@@ -151,8 +151,9 @@ class Fp8Linear {
   std::unique_ptr<Impl> impl_;
 };
 
-// wo_a: w is FP8 [G * N_g, K_g] with 128x128 block scales, N_g and K_g
-// multiples of 128. Uploads the FP8 weight (and its bf16 dequantization
+// wo_a: w is FP8 [G * N_g, K_g] with 128x128 block scales, K_g a multiple
+// of 128, N_g too when G > 1 (a model whose N_g is not runs one linear per
+// group on row slices). Uploads the FP8 weight (and its bf16 dequantization
 // unless options.bf16_copy is false).
 class W8A16GroupedLinear {
  public:

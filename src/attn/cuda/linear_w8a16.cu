@@ -84,7 +84,8 @@ W8A16GroupedLinear::W8A16GroupedLinear(const WeightMatrix& w, int groups, const 
   im.groups = groups;
   im.n_g = im.w.rows / groups;
   im.k_g = im.w.cols;
-  DSV4_REQUIRE(im.n_g % 128 == 0, who + ": rows per group (" + std::to_string(im.n_g) + ") must be a multiple of 128");
+  DSV4_REQUIRE(groups == 1 || im.n_g % 128 == 0,
+               who + ": rows per group (" + std::to_string(im.n_g) + ") must be a multiple of 128");
   if (options.bf16_copy) im.bf16 = detail::upload_fp8_as_bf16(w);
   im.options = options;
   im.fp8 = std::make_unique<detail::Fp8Product>(&im.w, groups, who + " (fp8_input)");
