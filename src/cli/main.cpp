@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <new>
 
 #include "cli/commands.h"
@@ -42,6 +43,10 @@ int main(int argc, char** argv) {
     return check_stdout(app.exit(e) == 0 ? 0 : 1);
   } catch (const dsv4::Error& e) {
     std::fflush(stdout);  // what was printed before the error comes first
+    std::fprintf(stderr, "dsv4: error: %s\n", e.what());
+    return check_stdout(1);
+  } catch (const std::filesystem::filesystem_error& e) {  // e.g. a directory without permission
+    std::fflush(stdout);
     std::fprintf(stderr, "dsv4: error: %s\n", e.what());
     return check_stdout(1);
   } catch (const std::bad_alloc&) {

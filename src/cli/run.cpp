@@ -32,8 +32,9 @@ ModelConfig pick_config(const RunArgs& a) {
   if (!a.config.empty()) return load_config(a.config);
   if (!a.checkpoint.empty()) {
     const std::filesystem::path p(a.checkpoint);
-    const auto dir = std::filesystem::is_directory(p) ? p : p.parent_path();
-    require(std::filesystem::exists(dir / "config.json"),
+    std::error_code ec;
+    const auto dir = std::filesystem::is_directory(p, ec) ? p : p.parent_path();
+    require(std::filesystem::exists(dir / "config.json", ec),
             "no config.json in '" + dir.string() + "': pass --config FILE with the checkpoint");
     return load_config(dir / "config.json");
   }
