@@ -1,7 +1,11 @@
 // Fuzz target for the safetensors parser (SPEC §3). Every input must either
 // parse into views that lie inside the input, or throw dsv4::Error; any other
 // exception, a crash or a sanitizer report is a bug. What parses must also
-// survive a round trip through the writer.
+// survive a round trip through the writer, and an amplified copy: its tensors
+// replicated under new names to a header of about a thousand entries (inputs
+// are capped at a few KB, so only amplification reaches large headers; a
+// parser slower than linear shows up as libFuzzer timeouts), which must parse
+// to the same bytes, and must be refused once a repeated name is appended.
 //
 // Built twice: with clang + libFuzzer (fuzz_safetensors), and with the
 // project's compiler plus the replay main() below (fuzz_safetensors_replay),
@@ -14,7 +18,10 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "model/safetensors.h"
@@ -47,6 +54,47 @@ void check_parsed(const dsv4::SafetensorsFile& f, const uint8_t* data, size_t si
   (void)sum;
 }
 
+// About kEntries entries and at most kBytes of data in the amplified image.
+constexpr size_t kEntries = 1024, kBytes = 1 << 18;
+
+void check_amplified(const dsv4::SafetensorsFile& f) {
+  const auto& tensors = f.tensors();
+  if (tensors.empty()) return;
+  size_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.bytes.size();
+  const size_t copies = std::max<size_t>(1, std::min(kEntries / tensors.size(), kBytes / std::max<size_t>(bytes, 1)));
+  std::vector<dsv4::TensorData> big;
+  for (size_t c = 0; c < copies; ++c)  // "<c>/<name>": unique whatever the names hold
+    for (const auto& t : tensors) big.push_back({std::to_string(c).append("/").append(t.name), t.dtype, t.shape, t.bytes});
+  const auto image = dsv4::serialize_safetensors(big, f.metadata());
+  const auto again = dsv4::SafetensorsFile::parse(image, "amplified");
+  check(again->tensors().size() == big.size());
+  for (const auto& t : big) {
+    const auto* got = again->find(t.name);
+    check(got && got->dtype == t.dtype && got->shape == t.shape &&
+          std::equal(got->bytes.begin(), got->bytes.end(), t.bytes.begin(), t.bytes.end()));
+  }
+  // The last name once more, as the header object's first member (the end of
+  // the object may be inside __metadata__, whose members are no tensors).
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(image[size_t(i)]) << (8 * i);
+  std::string header(image.begin() + 8, image.begin() + 8 + long(n));
+  const std::string repeat = nlohmann::json(big.back().name).dump()
+                                 .append(R"(:{"dtype":"U8","shape":[0],"data_offsets":[0,0]},)");
+  header.insert(header.find('{') + 1, repeat);
+  std::vector<uint8_t> dup(8 + header.size());
+  for (int i = 0; i < 8; ++i) dup[size_t(i)] = uint8_t(uint64_t(header.size()) >> (8 * i));
+  std::copy(header.begin(), header.end(), dup.begin() + 8);
+  dup.insert(dup.end(), image.begin() + 8 + long(n), image.end());
+  bool refused = false;
+  try {
+    dsv4::SafetensorsFile::parse(dup, "amplified with a repeat");
+  } catch (const dsv4::Error& e) {
+    refused = std::string(e.what()).find("appears twice in the header") != std::string::npos;
+  }
+  check(refused);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -57,6 +105,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;  // rejected with a message: the expected outcome for most inputs
   }
   check_parsed(*f, data, size);
+  check_amplified(*f);
   return 0;
 }
 

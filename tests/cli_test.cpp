@@ -1,13 +1,26 @@
 // The dsv4 binary end to end: inspect, verify and run, and their errors.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fcntl.h>
 
 #include <array>
+#include <functional>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
+
+#include "model/safetensors.h"
+#include "support/temp_dir.h"
 
 namespace {
 
@@ -16,8 +29,10 @@ struct Result {
   std::string out;
 };
 
-Result dsv4(const std::string& args) {
-  const std::string cmd = std::string(DSV4_BINARY_DIR) + "/dsv4 " + args + " 2>&1";
+// Runs `dsv4 ARGS REDIRECT` and collects what reaches the pipe: by default
+// stderr folded into stdout.
+Result cli(const std::string& args, const std::string& redirect = "2>&1") {
+  const std::string cmd = std::string(DSV4_BINARY_DIR) + "/dsv4 " + args + " " + redirect;
   FILE* p = popen(cmd.c_str(), "r");
   Result r{-1, {}};
   if (!p) return r;
@@ -31,10 +46,53 @@ Result dsv4(const std::string& args) {
 
 bool has(const Result& r, const std::string& s) { return r.out.find(s) != std::string::npos; }
 
+// A failure the user can act on: status 1, a message, no signal, no internal error.
+void expect_user_error(const Result& r, const std::string& message) {
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_TRUE(has(r, message)) << "expected '" << message << "' in:\n" << r.out;
+  EXPECT_FALSE(has(r, "internal error")) << r.out;
+}
+
+namespace fs = std::filesystem;
+
+// A checkpoint directory as a real one looks: config.json (from a golden case)
+// and the golden weights, `edit` applied to the weights' tensors.
+struct OwnedTensor {
+  std::string name;
+  dsv4::DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+void make_checkpoint(const fs::path& dir, const std::string& golden_case,
+                     const std::function<void(std::vector<OwnedTensor>&)>& edit = {}) {
+  fs::create_directories(dir);
+  std::ifstream in(std::string(DSV4_GOLDEN_DIR) + "/" + golden_case + ".json");
+  std::ofstream(dir / "config.json") << nlohmann::json::parse(in).at("config").dump(2);
+  const auto f = dsv4::SafetensorsFile::open(fs::path(DSV4_GOLDEN_DIR) / (golden_case + ".weights.safetensors"));
+  std::vector<OwnedTensor> ts;
+  for (const auto& t : f->tensors()) ts.push_back({t.name, t.dtype, t.shape, {t.bytes.begin(), t.bytes.end()}});
+  if (edit) edit(ts);
+  std::vector<dsv4::TensorData> out;
+  for (const auto& t : ts) out.push_back({t.name, t.dtype, t.shape, t.bytes});
+  dsv4::write_safetensors(dir / "model.safetensors", out);
+}
+
+// Puts a NaN into element 3 of a BF16 or F32 tensor.
+void poison(std::vector<OwnedTensor>& ts, const std::string& name) {
+  for (auto& t : ts) {
+    if (t.name != name) continue;
+    if (t.dtype == dsv4::DType::kBF16) t.bytes[6] = 0xc0, t.bytes[7] = 0x7f;  // bf16 0x7fc0
+    else if (t.dtype == dsv4::DType::kF32) t.bytes[14] = 0xc0, t.bytes[15] = 0x7f;
+    else throw std::runtime_error("test bug: " + name + " is neither BF16 nor F32");
+    return;
+  }
+  throw std::runtime_error("test bug: no tensor " + name);
+}
+
 }  // namespace
 
 TEST(Cli, InspectDefaultIsFlash) {
-  const Result r = dsv4("inspect");
+  const Result r = cli("inspect");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(has(r, "layers: 43  (swaonly 2, c4a 21, c128a 20)")) << r.out;
   EXPECT_TRUE(has(r, "3.51 KB/token with MXFP4 indexer keys, 3.85 KB/token with FP8 keys")) << r.out;
@@ -42,7 +100,7 @@ TEST(Cli, InspectDefaultIsFlash) {
 }
 
 TEST(Cli, InspectGoldenFp8Checkpoint) {
-  const Result r = dsv4(std::string("inspect ") + DSV4_GOLDEN_DIR + "/mini-fp8.weights.safetensors");
+  const Result r = cli(std::string("inspect ") + DSV4_GOLDEN_DIR + "/mini-fp8.weights.safetensors");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(has(r, "layers: 3  (swaonly 1, c4a 1, c128a 1)")) << r.out;
   EXPECT_TRUE(has(r, "wq_b.weight")) << r.out;
@@ -52,26 +110,26 @@ TEST(Cli, InspectGoldenFp8Checkpoint) {
 }
 
 TEST(Cli, InspectErrorsNameTheProblem) {
-  Result r = dsv4("inspect /no/such/path");
+  Result r = cli("inspect /no/such/path");
   EXPECT_EQ(r.status, 1);
   EXPECT_TRUE(has(r, "no such file or directory: '/no/such/path'")) << r.out;
-  r = dsv4(std::string("inspect ") + DSV4_GOLDEN_DIR + "/mini.r0.safetensors");
+  r = cli(std::string("inspect ") + DSV4_GOLDEN_DIR + "/mini.r0.safetensors");
   EXPECT_EQ(r.status, 1);
   EXPECT_TRUE(has(r, "no config found")) << r.out;
 }
 
 TEST(Cli, VerifyPassesAndFails) {
-  Result r = dsv4(std::string("verify ") + DSV4_GOLDEN_DIR + " mini --profile exact");
+  Result r = cli(std::string("verify ") + DSV4_GOLDEN_DIR + " mini --profile exact");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(has(r, "PASS")) << r.out;
-  r = dsv4(std::string("verify ") + DSV4_GOLDEN_DIR + " mini-fp8 --profile exact");
+  r = cli(std::string("verify ") + DSV4_GOLDEN_DIR + " mini-fp8 --profile exact");
   EXPECT_EQ(r.status, 1) << r.out;  // exact numerics are ~6e-2 from the production golden
   EXPECT_TRUE(has(r, "FAIL")) << r.out;
 }
 
 TEST(Cli, RunSmallWorkloadWithJson) {
   const std::string json = std::string(DSV4_BINARY_DIR) + "/cli_test_run.json";
-  const Result r = dsv4("run --preset mini --requests 3 --prompt 300 --gen 4 --budget 128 --json " + json);
+  const Result r = cli("run --preset mini --requests 3 --prompt 300 --gen 4 --budget 128 --json " + json);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(has(r, "finished 3 requests, 0 rejected runs")) << r.out;
   EXPECT_TRUE(has(r, "tokens/s")) << r.out;
@@ -87,9 +145,9 @@ TEST(Cli, RunSmallWorkloadWithJson) {
 }
 
 TEST(Cli, RunRejectsBadArguments) {
-  Result r = dsv4("run --preset nope");
+  Result r = cli("run --preset nope");
   EXPECT_NE(r.status, 0);
-  r = dsv4("run --profile fast");
+  r = cli("run --profile fast");
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(has(r, "fast")) << r.out;
 }
@@ -105,14 +163,225 @@ TEST(Cli, RunServesACheckpointDirectory) {
   const auto golden = nlohmann::json::parse(in);
   std::ofstream(dir / "config.json") << golden.at("config").dump(2);
   fs::copy_file(fs::path(DSV4_GOLDEN_DIR) / "mini-fp8.weights.safetensors", dir / "model-00001-of-00001.safetensors");
-  const Result r = dsv4("run --checkpoint " + dir.string() + " --requests 2 --prompt 200 --gen 3");
+  const Result r = cli("run --checkpoint " + dir.string() + " --requests 2 --prompt 200 --gen 3");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(has(r, "3 layers (swaonly 1, c4a 1, c128a 1)")) << r.out;
   EXPECT_TRUE(has(r, "finished 2 requests")) << r.out;
   // Without a config next to it, the error says what to do.
   fs::remove(dir / "config.json");
-  const Result bad = dsv4("run --checkpoint " + dir.string());
+  const Result bad = cli("run --checkpoint " + dir.string());
   EXPECT_EQ(bad.status, 1);
   EXPECT_TRUE(has(bad, "no config.json")) << bad.out;
   fs::remove_all(dir);
+}
+
+// ---- argument checks: exit status 1, readable bounds --------------------------------------------
+
+TEST(Cli, NumericOptionsAreCheckedWithReadableBounds) {
+  expect_user_error(cli("run --seed -1"), "--seed: '-1' is not an integer in [0, 18446744073709551615]");
+  expect_user_error(cli("run --seed 18446744073709551616"), "is not an integer in [0, 18446744073709551615]");
+  expect_user_error(cli("run --seed 12abc"), "--seed: '12abc' is not an integer");
+  expect_user_error(cli("run --budget 0"), "--budget: '0' is not an integer in [1, 2147483647]");
+  expect_user_error(cli("run --budget 99999999999"), "--budget: '99999999999' is not an integer in [1, 2147483647]");
+  expect_user_error(cli("run --gen -1"), "--gen: '-1' is not an integer in [0, 2147483647]");
+  expect_user_error(cli("run --requests 1.5"), "--requests: '1.5' is not an integer");
+  expect_user_error(cli("run --weight-cache-gib nan"), "--weight-cache-gib: 'nan' is not a finite number >= 0");
+  expect_user_error(cli("run --weight-cache-gib -1"), "is not a finite number >= 0");
+  const Result r = cli(std::string("verify ") + DSV4_GOLDEN_DIR + " mini --max-chunk -1");
+  expect_user_error(r, "--max-chunk: '-1' is not an integer in [0, 2147483647]");
+  // No bound is printed as the largest double in full.
+  for (const char* args : {"run --budget 0", "run --gen -5", "run --max-running 0", "run --prompt 0"}) {
+    const Result e = cli(args);
+    EXPECT_EQ(e.status, 1) << args;
+    EXPECT_FALSE(has(e, "1797693134862315")) << e.out;
+    EXPECT_LT(e.out.size(), 300u) << e.out;
+  }
+  const Result seed = cli("run --preset mini --requests 1 --prompt 8 --gen 1 --seed 18446744073709551615");
+  EXPECT_EQ(seed.status, 0) << seed.out;
+  EXPECT_TRUE(has(seed, "synthetic, seed 18446744073709551615")) << seed.out;
+}
+
+TEST(Cli, PresetExcludesCheckpointAndConfig) {
+  expect_user_error(cli(std::string("run --preset mini --checkpoint ") + DSV4_GOLDEN_DIR), "--preset excludes --checkpoint");
+  dsv4::test::TempDir dir;
+  std::ofstream(dir / "c.json") << "{}";
+  expect_user_error(cli("run --preset mini --config " + (dir / "c.json").string()), "--preset excludes --config");
+}
+
+TEST(Cli, JsonPathIsCheckedBeforeTheRun) {
+  const Result r = cli("run --preset mini --requests 1 --prompt 8 --gen 1 --json /no/such/dir/report.json");
+  expect_user_error(r, "--json: cannot write '/no/such/dir/report.json': No such file or directory");
+  EXPECT_FALSE(has(r, "workload:")) << "the run started:\n" << r.out;
+  dsv4::test::TempDir dir;
+  expect_user_error(cli("run --preset mini --json " + dir.path().string()), "Is a directory");
+  // A write that fails at the end is an error too, not exit 0.
+  const Result full = cli("run --preset mini --requests 1 --prompt 8 --gen 1 --json /dev/full");
+  expect_user_error(full, "--json: cannot write '/dev/full': No space left on device");
+  EXPECT_TRUE(has(full, "finished 1 requests")) << full.out;
+  // stdout on a full device, stderr to the pipe.
+  const Result out = cli("run --preset mini --requests 1 --prompt 8 --gen 1 --json -", "2>&1 >/dev/full");
+  expect_user_error(out, "--json: cannot write standard output: No space left on device");
+  expect_user_error(cli("inspect", "2>&1 >/dev/full"), "dsv4: error: cannot write standard output");
+}
+
+TEST(Cli, RunFailsWhenEveryRequestIsRejected) {
+  dsv4::test::TempDir dir;
+  std::ifstream in(std::string(DSV4_GOLDEN_DIR) + "/mini.json");
+  nlohmann::json config = nlohmann::json::parse(in).at("config");
+  config["max_position_embeddings"] = 64;
+  std::ofstream(dir / "config.json") << config.dump();
+  const Result r = cli("run --config " + (dir / "config.json").string() + " --requests 2 --prompt 200 --gen 2");
+  expect_user_error(r, "every request was rejected (2 rejected runs; the first: request 0: positions up to 99 exceed "
+                       "max_position_embeddings (64))");
+  EXPECT_TRUE(has(r, "finished 0 requests, 2 rejected runs")) << r.out;
+  // Some rejected, some served: the run did its job for those.
+  const Result some = cli("run --config " + (dir / "config.json").string() + " --requests 2 --prompt 100 --gen 2");
+  EXPECT_EQ(some.status, 0) << some.out;
+  EXPECT_TRUE(has(some, "finished 1 requests, 1 rejected runs")) << some.out;
+}
+
+TEST(Cli, NonFiniteWeightsAreReportedAndNonFiniteRunsFail) {
+  dsv4::test::TempDir dir;
+  make_checkpoint(dir / "ckpt", "mini-fp8", [](std::vector<OwnedTensor>& ts) {
+    poison(ts, "layers.1.attn.kv_norm.weight");
+    poison(ts, "layers.2.attn.compressor.ape");
+  });
+  const Result inspect = cli("inspect " + (dir / "ckpt").string());
+  expect_user_error(inspect, "2 tensors hold NaN or Inf values (listed above)");
+  EXPECT_TRUE(has(inspect, "layers.1.attn.kv_norm.weight")) << inspect.out;
+  EXPECT_TRUE(has(inspect, "1 of 512 values (first at index 3: nan)")) << inspect.out;
+  EXPECT_TRUE(has(inspect, "layers.2.attn.compressor.ape")) << inspect.out;
+  const Result run = cli("run --checkpoint " + (dir / "ckpt").string() + " --requests 2 --prompt 40 --gen 2");
+  expect_user_error(run, "the outputs went non-finite: ");
+  EXPECT_TRUE(has(run, "values of the hidden state were NaN or Inf")) << run.out;
+  // Clean weights: inspect says so.
+  make_checkpoint(dir / "clean", "mini-fp8");
+  const Result clean = cli("inspect " + (dir / "clean").string());
+  EXPECT_EQ(clean.status, 0) << clean.out;
+  EXPECT_TRUE(has(clean, "every value of every layer's tensors is finite")) << clean.out;
+}
+
+TEST(Cli, ExactProfileRunsOddWidthsAndProductionSaysWhy) {
+  dsv4::test::TempDir dir;
+  std::ifstream in(std::string(DSV4_GOLDEN_DIR) + "/mini.json");
+  nlohmann::json config = nlohmann::json::parse(in).at("config");
+  config["hidden_size"] = 320;
+  config["q_lora_rank"] = 160;
+  config["o_lora_rank"] = 80;
+  std::ofstream(dir / "config.json") << config.dump();
+  const std::string args = "run --config " + (dir / "config.json").string() + " --requests 2 --prompt 100 --gen 2";
+  const Result exact = cli(args + " --profile exact");
+  EXPECT_EQ(exact.status, 0) << exact.out;
+  EXPECT_TRUE(has(exact, "hidden 320")) << exact.out;
+  EXPECT_TRUE(has(exact, "finished 2 requests, 0 rejected runs")) << exact.out;
+  EXPECT_TRUE(has(exact, ", 0 non-finite values")) << exact.out;
+  expect_user_error(cli(args), "hidden_size = 320 is not a multiple of 128, which the production profile needs");
+}
+
+TEST(Cli, InspectNamesWhatAPathIs) {
+  dsv4::test::TempDir dir;
+  make_checkpoint(dir / "ckpt", "mini-fp8");
+  const nlohmann::json index = {{"weight_map", {{"layers.0.attn.attn_sink", "shard.safetensors"}}}};
+  std::ofstream(dir / "ckpt" / "model.safetensors.index.json") << index.dump();
+  fs::create_directory(dir / "ckpt" / "shard.safetensors");
+  expect_user_error(cli("inspect " + (dir / "ckpt").string()), "shard 'shard.safetensors' (holding "
+                                                                 "'layers.0.attn.attn_sink') is a directory");
+  fs::remove(dir / "ckpt" / "shard.safetensors");
+  ASSERT_EQ(mkfifo((dir / "ckpt" / "shard.safetensors").c_str(), 0600), 0);
+  expect_user_error(cli("inspect " + (dir / "ckpt").string()), "is a FIFO");
+  ASSERT_EQ(mkfifo((dir / "pipe.safetensors").c_str(), 0600), 0);
+  expect_user_error(cli("inspect " + (dir / "pipe.safetensors").string()), "is a FIFO (named pipe), not a regular file");
+}
+
+// ---- verify: structural errors and verdicts ----------------------------------------------------
+
+// Case "x" in `dir`: the mini golden with its JSON and request files as given.
+void copy_mini(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit_json,
+               const std::function<void(int, std::vector<OwnedTensor>&)>& edit_tensors = {}) {
+  std::ifstream in(std::string(DSV4_GOLDEN_DIR) + "/mini.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  edit_json(j);
+  std::ofstream(dir / "x.json") << j.dump();
+  fs::copy_file(fs::path(DSV4_GOLDEN_DIR) / "mini.weights.safetensors", dir / "x.weights.safetensors");
+  for (int r = 0; r < 4; ++r) {
+    const std::string suffix = ".r" + std::to_string(r) + ".safetensors";
+    const auto f = dsv4::SafetensorsFile::open(fs::path(DSV4_GOLDEN_DIR) / ("mini" + suffix));
+    std::vector<OwnedTensor> ts;
+    for (const auto& t : f->tensors()) ts.push_back({t.name, t.dtype, t.shape, {t.bytes.begin(), t.bytes.end()}});
+    if (edit_tensors) edit_tensors(r, ts);
+    std::vector<dsv4::TensorData> out;
+    for (const auto& t : ts) out.push_back({t.name, t.dtype, t.shape, t.bytes});
+    dsv4::write_safetensors(dir / ("x" + suffix), out);
+  }
+}
+
+TEST(Cli, VerifyMalformedCasesAreErrorsNotCrashes) {
+  dsv4::test::TempDir a, b, c;
+  copy_mini(a.path(), [](nlohmann::json& j) { j["requests"][1]["calls"] = nlohmann::json::array(); });
+  expect_user_error(cli("verify " + a.path().string() + " x --profile exact"), "x.json: requests[1].calls is empty");
+  copy_mini(b.path(), [](nlohmann::json& j) { j["requests"][2]["calls"][8]["len"] = 4; });
+  expect_user_error(cli("verify " + b.path().string() + " x --profile exact"),
+                    "x.r2.safetensors: request 2, call 8: tensor 'input.r2.c8' has shape [1, 256]; expected [4, 256]");
+  copy_mini(c.path(), [](nlohmann::json& j) { j["requests"][0]["calls"][0]["len"] = "520"; });
+  expect_user_error(cli("verify " + c.path().string() + " x --profile exact"),
+                    "requests[0].calls[0]: field 'len' has the wrong type: expected an integer, got string");
+}
+
+TEST(Cli, VerifyFailsOnNaNAndShowsAbsentTensorsAsAbsent) {
+  dsv4::test::TempDir nan_case, absent;
+  copy_mini(nan_case.path(), [](nlohmann::json&) {}, [](int r, std::vector<OwnedTensor>& ts) {
+    if (r == 3) poison(ts, "output.r3.c7.l1");
+  });
+  const Result r = cli("verify " + nan_case.path().string() + " x --profile exact -v");
+  expect_user_error(r, "FAIL: 1 values were not finite");
+  EXPECT_TRUE(has(r, "non-finite")) << r.out;
+  EXPECT_TRUE(has(r, "1 values were not finite (NaN or Inf)")) << r.out;
+  EXPECT_TRUE(has(r, "r3   c7    l1    c4a           nan")) << r.out;
+  copy_mini(absent.path(), [](nlohmann::json&) {}, [](int, std::vector<OwnedTensor>& ts) {
+    std::erase_if(ts, [](const OwnedTensor& t) { return t.name.starts_with("compressed."); });
+  });
+  const Result ok = cli("verify " + absent.path().string() + " x --profile exact -v");
+  EXPECT_EQ(ok.status, 0) << ok.out;
+  EXPECT_TRUE(has(ok, "PASS")) << ok.out;
+  EXPECT_FALSE(has(ok, "inf")) << ok.out;
+  // r0 c0 l1 (C4A): compressed absent ("-"), index_keys compared.
+  const size_t row = ok.out.find("r0   c0    l1    c4a");
+  ASSERT_NE(row, std::string::npos) << ok.out;
+  const std::string line = ok.out.substr(row, ok.out.find('\n', row) - row);
+  EXPECT_NE(line.find("          - "), std::string::npos) << line;
+}
+
+// ---- the process name after the runtime re-exec --------------------------------------------------
+
+TEST(Cli, KeepsItsNameAfterReexecutingItself) {
+  // The re-exec happens when OMP_WAIT_POLICY is unset: start dsv4 without it,
+  // wait until the new image runs (its initial environment then holds
+  // DSV4_RUNTIME_ENV=1), and read the name ps shows.
+  const std::string bin = std::string(DSV4_BINARY_DIR) + "/dsv4";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    unsetenv("OMP_WAIT_POLICY");
+    unsetenv("DSV4_RUNTIME_ENV");
+    const int null = open("/dev/null", O_WRONLY);
+    dup2(null, 1), dup2(null, 2);
+    execl(bin.c_str(), "dsv4", "run", "--requests", "64", "--prompt", "4096", "--gen", "64", (char*)nullptr);
+    _exit(127);
+  }
+  auto read = [&](const char* what) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/" + what, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  bool reexecuted = false;
+  for (int i = 0; i < 600 && !reexecuted; ++i) {  // up to a minute
+    reexecuted = read("environ").find("DSV4_RUNTIME_ENV=1") != std::string::npos;
+    if (!reexecuted) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const std::string comm = read("comm"), cmdline = read("cmdline");
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(reexecuted) << "dsv4 did not re-execute itself";
+  EXPECT_EQ(comm, "dsv4\n");
+  EXPECT_EQ(cmdline.substr(0, cmdline.find('\0')), "dsv4") << "argv[0] passes through";
 }

@@ -5,7 +5,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -274,6 +279,75 @@ TEST(SafetensorsErrors, CorruptedGoldenCopies) {
   EXPECT_MENTIONS(open_error(dir.path()), "not a regular file");
 }
 
+// ---- large headers ----------------------------------------------------------------------------
+
+// A header of n one-byte U8 tensors "t<i>" (byte i holds i % 251), in a
+// shuffled order so that the map, not the input order, finds them; `tail`
+// is appended inside the top-level object.
+Bytes many_tensors(int n, const std::string& tail = "") {
+  std::string header = "{";
+  for (int k = 0; k < n; ++k) {
+    const int i = int((int64_t(k) * 7919) % n);  // 7919 is prime and does not divide the n used here
+    if (k) header.push_back(',');
+    header.append("\"t").append(std::to_string(i)).append("\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[");
+    header.append(std::to_string(i)).append(",").append(std::to_string(i + 1)).append("]}");
+  }
+  header.append(tail).append("}");
+  Bytes data(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) data[size_t(i)] = uint8_t(i % 251);
+  return raw_image(header, data);
+}
+
+TEST(SafetensorsLarge, EightyThousandEntriesParseAndResolve) {
+  const int n = 80000;
+  const Bytes image = many_tensors(n);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto f = SafetensorsFile::parse(image, "big.safetensors");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(f->tensors().size(), size_t(n));
+  const uint8_t* data = image.data() + image.size() - n;
+  for (int i = 0; i < n; ++i) {
+    const std::string name = std::string("t").append(std::to_string(i));  // (chained + trips GCC 12's -Wrestrict)
+    const TensorView* t = f->find(name);
+    ASSERT_NE(t, nullptr) << "t" << i;
+    ASSERT_EQ(t->bytes.size(), 1u) << "t" << i;
+    ASSERT_EQ(t->bytes.data(), data + i) << "t" << i;
+    ASSERT_EQ(t->bytes[0], uint8_t(i % 251)) << "t" << i;
+  }
+  std::printf("80,000 entries (%zu header bytes) parsed in %.3f s\n", image.size() - n - 8, seconds);
+}
+
+TEST(SafetensorsLarge, ParseTimeIsLinear) {
+  // 8x the entries: ~8x the time (n log n for the maps); the callback parser
+  // this replaced rescanned the header object per entry (64x, minutes at 80k).
+  auto best = [](int n) {
+    const Bytes image = many_tensors(n);
+    double t = 1e9;
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      SafetensorsFile::parse(image, "big.safetensors");
+      t = std::min(t, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return t;
+  };
+  const double small = best(10000), large = best(80000);
+  EXPECT_LT(large, 24 * small) << "10k entries: " << small << " s, 80k entries: " << large << " s";
+}
+
+TEST(SafetensorsLarge, ErrorsDeepInALargeHeader) {
+  const int n = 50000;
+  const std::string entry = R"({"dtype":"U8","shape":[1],"data_offsets":[0,1]})";
+  EXPECT_MENTIONS(parse_error(many_tensors(n, ",\"t17\":" + entry)), "tensor 't17' appears twice in the header");
+  EXPECT_MENTIONS(parse_error(many_tensors(n, R"(,"x":{"dtype":"U8","shape":[1],"shape":[1],"data_offsets":[0,1]})")),
+                  "key 'shape' appears twice in one header object ('x')");
+  EXPECT_MENTIONS(parse_error(many_tensors(n, R"(,"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1e999]})")),
+                  "header is not valid JSON");
+  EXPECT_MENTIONS(parse_error(many_tensors(n, R"(,"x":{"dtype":"U8","shape":[1],"data_offsets":[49999,50000]})")),
+                  "'t49999' [49999, 50000) and 'x' [49999, 50000) overlap");
+  EXPECT_MENTIONS(parse_error(many_tensors(n, R"(,"__metadata__":{"k":"v","k":"w"})")),
+                  "key 'k' appears twice in one header object ('__metadata__')");
+}
+
 // ---- checkpoints ---------------------------------------------------------------------------
 
 // Splits the golden file into two shards (alternating tensors) in `dir`;
@@ -390,6 +464,66 @@ TEST(Checkpoint, EmptyOrMissingPath) {
   TempDir dir;
   EXPECT_MENTIONS(error_of([&] { Checkpoint::open(dir.path()); }), "no .safetensors files");
   EXPECT_MENTIONS(error_of([&] { Checkpoint::open(dir / "nope"); }), "nope: no such file or directory");
+}
+
+}  // namespace
+}  // namespace dsv4
+
+namespace dsv4 {
+namespace {
+
+// ---- paths that are not regular files --------------------------------------------------------
+
+TEST(Checkpoint, IndexEntryNamingADirectoryOrAFifo) {
+  TempDir dir;
+  auto map = split_golden(dir.path());
+  fs::create_directory(dir / "shard-dir.safetensors");
+  map["layers.0.attn.attn_sink"] = "shard-dir.safetensors";
+  write_index(dir.path(), map);
+  std::string msg = error_of([&] { Checkpoint::open(dir.path()); });
+  EXPECT_MENTIONS(msg, "shard 'shard-dir.safetensors' (holding 'layers.0.attn.attn_sink') is a directory");
+  ASSERT_EQ(mkfifo((dir / "shard-fifo.safetensors").c_str(), 0600), 0);
+  map["layers.0.attn.attn_sink"] = "shard-fifo.safetensors";
+  write_index(dir.path(), map);
+  msg = error_of([&] { Checkpoint::open(dir.path()); });  // must not block on the FIFO
+  EXPECT_MENTIONS(msg, "shard 'shard-fifo.safetensors' (holding 'layers.0.attn.attn_sink') is a FIFO");
+  map["layers.0.attn.attn_sink"] = "nope.safetensors";
+  write_index(dir.path(), map);
+  EXPECT_MENTIONS(error_of([&] { Checkpoint::open(dir.path()); }), "shard 'nope.safetensors' (holding "
+                                                                   "'layers.0.attn.attn_sink') does not exist");
+}
+
+TEST(Checkpoint, FifosAndDirectoriesNamedLikeTensorFiles) {
+  TempDir dir;
+  ASSERT_EQ(mkfifo((dir / "fifo.safetensors").c_str(), 0600), 0);
+  std::string msg = open_error(dir / "fifo.safetensors");  // O_NONBLOCK: no writer needed to fail
+  EXPECT_MENTIONS(msg, "fifo.safetensors: not a regular file (it is a FIFO");
+  msg = error_of([&] { Checkpoint::open(dir / "fifo.safetensors"); });
+  EXPECT_MENTIONS(msg, "is a FIFO");
+  // A directory of shards: a FIFO among them is reported, not skipped or waited on.
+  split_golden(dir.path());
+  msg = error_of([&] { Checkpoint::open(dir.path()); });
+  EXPECT_MENTIONS(msg, "fifo.safetensors: not a regular file (it is a FIFO");
+  fs::remove(dir / "fifo.safetensors");
+  fs::create_directory(dir / "sub.safetensors");
+  EXPECT_MENTIONS(error_of([&] { Checkpoint::open(dir.path()); }), "sub.safetensors: not a regular file (it is a directory");
+  fs::remove(dir / "sub.safetensors");
+  // The index itself as a FIFO or a directory.
+  ASSERT_EQ(mkfifo((dir / "model.safetensors.index.json").c_str(), 0600), 0);
+  EXPECT_MENTIONS(error_of([&] { Checkpoint::open(dir.path()); }), "model.safetensors.index.json: is a FIFO");
+  fs::remove(dir / "model.safetensors.index.json");
+  fs::create_directory(dir / "model.safetensors.index.json");
+  EXPECT_MENTIONS(error_of([&] { Checkpoint::open(dir.path()); }), "model.safetensors.index.json: is a directory");
+}
+
+TEST(Checkpoint, IndexWithRepeatedTensorNames) {
+  TempDir dir;
+  split_golden(dir.path());
+  std::ofstream(dir / "model.safetensors.index.json")
+      << R"({"weight_map": {"layers.0.attn.attn_sink": "model-00001-of-00002.safetensors",)"
+      << R"( "layers.0.attn.attn_sink": "model-00002-of-00002.safetensors"}})";
+  EXPECT_MENTIONS(error_of([&] { Checkpoint::open(dir.path()); }),
+                  "key 'layers.0.attn.attn_sink' appears twice in object 'weight_map'");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "common/error.h"
@@ -530,6 +531,72 @@ TEST(RandomWeights, FlashLayerIsQuickToGenerate) {
 #ifdef NDEBUG
   EXPECT_LT(seconds, 3.0) << "dsv4 run builds whole stacks from these";
 #endif
+}
+
+// ---- non-finite values ------------------------------------------------------------------------
+
+TEST(NonFinite, SyntheticAndGoldenWeightsAreFinite) {
+  const ModelConfig cfg = preset_config("mini");
+  for (int layer = 0; layer < cfg.num_layers; ++layer) {
+    for (bool fp8 : {false, true}) {
+      const auto bad = find_nonfinite(random_layer_weights(cfg, layer, 9, fp8));
+      EXPECT_TRUE(bad.empty()) << "layer " << layer << ": " << (bad.empty() ? "" : bad[0].name);
+    }
+    for (const fs::path& p : {kMini, kMiniFp8}) {
+      const Checkpoint c = Checkpoint::open(p);
+      EXPECT_TRUE(find_nonfinite(load_layer_weights(c, cfg, layer)).empty()) << p << " layer " << layer;
+    }
+  }
+}
+
+TEST(NonFinite, EveryStorageFormIsScanned) {
+  const ModelConfig cfg = preset_config("mini");
+  LayerWeights w = random_layer_weights(cfg, 1, 9, true);  // C4A: compressor and indexer too
+  ASSERT_EQ(w.wq_b.dtype, DType::kF8E4M3);
+  ASSERT_EQ(w.indexer->weights_proj.dtype, DType::kBF16);
+  w.wq_b.owned[1234] = 0xff;  // e4m3fn NaN, negative
+  w.wq_b.owned[5000] = 0x7f;  // e4m3fn NaN
+  // bf16 +Inf (0x7f80) and a NaN (0xffc1) in weights_proj, little-endian.
+  w.indexer->weights_proj.owned[2 * 7] = 0x80, w.indexer->weights_proj.owned[2 * 7 + 1] = 0x7f;
+  w.indexer->weights_proj.owned[2 * 9] = 0xc1, w.indexer->weights_proj.owned[2 * 9 + 1] = 0xff;
+  w.q_norm[3] = std::nanf("");
+  w.compressor->ape[11] = -INFINITY;
+  // A finite extreme value next to them is not reported: e4m3 448 (0x7e), bf16 max (0x7f7f).
+  w.wq_a.owned[0] = 0x7e;
+  w.indexer->wq_b.owned[1] = 0x7e;
+  w.indexer->compressor.wkv.owned[0] = 0x7f, w.indexer->compressor.wkv.owned[1] = 0x7f;
+  // An F32 matrix: a NaN with the exponent's low bit in byte 2.
+  std::vector<float> values(size_t(w.wo_b.rows * w.wo_b.cols), 0.5f);
+  values[77] = std::nanf("");
+  w.wo_b.dtype = DType::kF32;
+  w.wo_b.owned.assign(reinterpret_cast<const uint8_t*>(values.data()),
+                      reinterpret_cast<const uint8_t*>(values.data() + values.size()));
+  w.wo_b.data = w.wo_b.owned;
+  w.wo_b.block_scales.clear();
+
+  const auto bad = find_nonfinite(w);
+  std::map<std::string, NonFiniteTensor> by_name;
+  for (const auto& t : bad) by_name[t.name] = t;
+  ASSERT_EQ(bad.size(), 5u) << "found " << bad.size();
+  const std::string p = layer_prefix(1);
+  auto expect = [&](const std::string& name, int64_t count, int64_t first, int64_t numel) {
+    ASSERT_TRUE(by_name.count(p + name)) << name;
+    const NonFiniteTensor& t = by_name[p + name];
+    EXPECT_EQ(t.count, count) << name;
+    EXPECT_EQ(t.first_index, first) << name;
+    EXPECT_EQ(t.numel, numel) << name;
+    EXPECT_FALSE(std::isfinite(t.first_value)) << name << ": " << t.first_value;
+  };
+  expect("wq_b.weight", 2, 1234, w.wq_b.rows * w.wq_b.cols);
+  expect("indexer.weights_proj.weight", 2, 7, w.indexer->weights_proj.rows * w.indexer->weights_proj.cols);
+  EXPECT_EQ(by_name[p + "indexer.weights_proj.weight"].first_value, INFINITY);
+  expect("q_norm.weight", 1, 3, cfg.q_lora_rank);
+  expect("compressor.ape", 1, 11, int64_t(w.compressor->ape.size()));
+  EXPECT_EQ(by_name[p + "compressor.ape"].first_value, -INFINITY);
+  expect("wo_b.weight", 1, 77, w.wo_b.rows * w.wo_b.cols);
+  // SPEC §3 order: wq_b before wo_b before the compressor and the indexer.
+  EXPECT_EQ(bad.front().name, p + "q_norm.weight");
+  EXPECT_EQ(bad.back().name, p + "indexer.weights_proj.weight");
 }
 
 }  // namespace

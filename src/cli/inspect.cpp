@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "common/error.h"
 #include "model/config_json.h"
+#include "model/files.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -117,10 +118,24 @@ void print_cache(const ModelConfig& c) {
               c.num_layers, 584, dense, dense / 1000, dense * tokens_1m / gib, dense / s4.bytes_per_token);
 }
 
-// Loads every layer through the validating loader; prints the first failure.
-void print_validation(const ModelConfig& c, const Checkpoint& ckpt) {
-  for (int i = 0; i < c.num_layers; ++i) load_layer_weights(ckpt, c, i);
+// Loads every layer through the validating loader (the first failure throws)
+// and returns the tensors that hold NaN or Inf.
+std::vector<NonFiniteTensor> print_validation(const ModelConfig& c, const Checkpoint& ckpt) {
+  std::vector<NonFiniteTensor> bad;
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::vector<NonFiniteTensor> b = find_nonfinite(load_layer_weights(ckpt, c, i));
+    bad.insert(bad.end(), b.begin(), b.end());
+  }
   std::printf("\nall %d layers load and match SPEC §3 names, shapes and dtypes\n", c.num_layers);
+  if (bad.empty()) {
+    std::printf("every value of every layer's tensors is finite\n");
+    return bad;
+  }
+  std::printf("tensors holding NaN or Inf:\n");
+  for (const NonFiniteTensor& t : bad)
+    std::printf("  %-48s %lld of %lld values (first at index %lld: %g)\n", t.name.c_str(), (long long)t.count,
+                (long long)t.numel, (long long)t.first_index, double(t.first_value));
+  return bad;
 }
 
 void run_inspect(const std::string& path_arg) {
@@ -133,7 +148,12 @@ void run_inspect(const std::string& path_arg) {
     return;
   }
   const fs::path path(path_arg);
-  DSV4_REQUIRE(fs::exists(path), "no such file or directory: '" + path_arg + "'");
+  std::error_code ec;
+  DSV4_REQUIRE(fs::exists(path, ec), "no such file or directory: '" + path_arg + "'");
+  if (!fs::is_directory(path, ec)) {
+    const std::string problem = file_problem(path);  // a FIFO would block the reads below
+    DSV4_REQUIRE(problem.empty(), "'" + path_arg + "' " + problem);
+  }
   if (path.extension() != ".json") {
     DSV4_REQUIRE(fs::is_directory(path) || path.extension() == ".safetensors",
             "'" + path_arg + "' is neither a checkpoint directory, a .safetensors file nor a config.json");
@@ -152,8 +172,10 @@ void run_inspect(const std::string& path_arg) {
   std::printf("checkpoint: %s (%zu file%s, %zu tensors)\n", path_arg.c_str(), ckpt.files().size(),
               ckpt.files().size() == 1 ? "" : "s", ckpt.tensors().size());
   print_tensors(*config, &ckpt);
-  print_validation(*config, ckpt);
+  const std::vector<NonFiniteTensor> bad = print_validation(*config, ckpt);
   print_cache(*config);
+  DSV4_REQUIRE(bad.empty(), std::to_string(bad.size()) + " tensor" + (bad.size() == 1 ? " holds" : "s hold") +
+                           " NaN or Inf values (listed above)");
 }
 
 }  // namespace

@@ -2,16 +2,19 @@
 // synthetic workload, scheduled step by step under a token budget.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
-#include <iostream>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "cache/fp8_ds_mla.h"
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "common/error.h"
 #include "runtime/workload.h"
 
@@ -29,8 +32,9 @@ ModelConfig pick_config(const RunArgs& a) {
   if (!a.config.empty()) return load_config(a.config);
   if (!a.checkpoint.empty()) {
     const std::filesystem::path p(a.checkpoint);
-    const auto dir = std::filesystem::is_directory(p) ? p : p.parent_path();
-    DSV4_REQUIRE(std::filesystem::exists(dir / "config.json"),
+    std::error_code ec;
+    const auto dir = std::filesystem::is_directory(p, ec) ? p : p.parent_path();
+    DSV4_REQUIRE(std::filesystem::exists(dir / "config.json", ec),
             "no config.json in '" + dir.string() + "': pass --config FILE with the checkpoint");
     return load_config(dir / "config.json");
   }
@@ -82,6 +86,7 @@ nlohmann::json report_json(const WorkloadReport& r, const ModelConfig& c, const 
   j["finished"] = r.finished;
   j["errors"] = r.errors;
   j["checksum"] = r.checksum;
+  j["nonfinite_values"] = r.nonfinite_values;
   return j;
 }
 
@@ -116,16 +121,50 @@ void print_report(const WorkloadReport& r, const ModelConfig& c) {
               "compressor state %.2f MiB (bounded per request)\n",
               group(CacheGroup::kC4A) + group(CacheGroup::kC128A), group(CacheGroup::kSwa),
               group(CacheGroup::kC4AState) + group(CacheGroup::kC128AState));
-  std::printf("finished %d requests, %zu rejected runs, checksum %.6f\n", r.finished, r.errors.size(), r.checksum);
+  std::printf("finished %d requests, %zu rejected runs, checksum %.6f, %lld non-finite values\n", r.finished,
+              r.errors.size(), r.checksum, (long long)r.nonfinite_values);
   for (const auto& e : r.errors) std::printf("  rejected: %s\n", e.c_str());
 }
 
+// The --json destination, opened before the run so that a bad path fails
+// at once; written and closed with every error checked (a full disk too).
+class JsonReport {
+ public:
+  explicit JsonReport(const std::string& path) : path_(path) {
+    if (path_.empty() || path_ == "-") return;
+    file_ = std::fopen(path_.c_str(), "w");
+    DSV4_REQUIRE(file_ != nullptr, "--json: cannot write '" + path_ + "': " + std::strerror(errno));
+  }
+  ~JsonReport() {
+    if (file_) std::fclose(file_);
+  }
+  JsonReport(const JsonReport&) = delete;
+  JsonReport& operator=(const JsonReport&) = delete;
+
+  void write(const std::string& text) {
+    if (path_.empty()) return;
+    FILE* f = file_ ? file_ : stdout;
+    const std::string where = file_ ? "'" + path_ + "'" : "standard output";
+    errno = 0;
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
+    DSV4_REQUIRE(ok, "--json: cannot write " + where + ": " + std::strerror(errno ? errno : EIO));
+    if (!file_) return;
+    FILE* done = std::exchange(file_, nullptr);
+    DSV4_REQUIRE(std::fclose(done) == 0, "--json: cannot write " + where + ": " + std::strerror(errno));
+  }
+
+ private:
+  std::string path_;
+  FILE* file_ = nullptr;
+};
+
 void run_main(const RunArgs& a) {
+  JsonReport json(a.json);
   const ModelConfig c = pick_config(a);
-  DSV4_REQUIRE(a.requests > 0 && a.prompt > 0 && a.gen >= 0, "--requests and --prompt must be positive, --gen >= 0");
   EngineOptions eo;
   eo.profile = parse_profile(a.profile);
   eo.index_keys = parse_index_key_format(a.index_keys);
+  if (eo.profile == Profile::kProduction) check_production_dims(c);
   eo.workload = CacheWorkload{a.max_running, int64_t(a.prompt) + a.gen, a.budget};
   eo.cache_weights = dense_weight_bytes(c) <= a.weight_cache_gib * 1024 * 1024 * 1024;
   std::printf("dsv4 run: %s, %d layers (swaonly %d, c4a %d, c128a %d), hidden %d, %d heads, %s numerics\n",
@@ -149,15 +188,13 @@ void run_main(const RunArgs& a) {
   const WorkloadReport r = run_workload(*engine, sched, make_workload(a), a.seed, progress);
   if (tty) std::fprintf(stderr, "\n");
   print_report(r, c);
-  if (!a.json.empty()) {
-    const std::string text = report_json(r, c, a).dump(2) + "\n";
-    if (a.json == "-") {
-      std::cout << text;
-    } else {
-      std::ofstream out(a.json);
-      DSV4_REQUIRE(bool(out << text), "cannot write '" + a.json + "'");
-    }
-  }
+  json.write(report_json(r, c, a).dump(2) + "\n");
+  // A run that served nothing, or served NaN, did not do its job.
+  DSV4_REQUIRE(r.finished > 0, "every request was rejected (" + std::to_string(r.errors.size()) + " rejected runs" +
+                              (r.errors.empty() ? ")" : "; the first: " + r.errors.front() + ")"));
+  DSV4_REQUIRE(r.nonfinite_values == 0, "the outputs went non-finite: " + std::to_string(r.nonfinite_values) +
+                                       " values of the hidden state were NaN or Inf (are the weights finite? "
+                                       "`dsv4 inspect` lists tensors holding NaN or Inf)");
 }
 
 }  // namespace
@@ -165,23 +202,28 @@ void run_main(const RunArgs& a) {
 void register_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Serve a synthetic workload through the attention stack (the main job)");
   auto a = std::make_shared<RunArgs>();
-  cmd->add_option("--preset", a->preset, "built-in config: small (default), mini, flash, pro")
-      ->check(CLI::IsMember({"small", "mini", "flash", "pro"}));
-  cmd->add_option("--config", a->config, "a DeepSeek-V4 config.json")->check(CLI::ExistingFile);
-  cmd->add_option("--checkpoint", a->checkpoint, "checkpoint directory or .safetensors file (else synthetic weights)")
-      ->check(CLI::ExistingPath);
-  cmd->add_option("--seed", a->seed, "seed of the synthetic weights and inputs");
-  cmd->add_option("--requests", a->requests, "number of requests")->check(CLI::PositiveNumber);
-  cmd->add_option("--prompt", a->prompt, "longest prompt; prompts spread over [P/2, P]")->check(CLI::PositiveNumber);
-  cmd->add_option("--gen", a->gen, "decode steps per request")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--budget", a->budget, "tokens per step")->check(CLI::PositiveNumber);
-  cmd->add_option("--max-running", a->max_running, "requests holding cache at once")->check(CLI::PositiveNumber);
+  constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
+  auto* preset = cmd->add_option("--preset", a->preset, "built-in config: small (default), mini, flash, pro; not "
+                                                       "with --config or --checkpoint, which bring their own")
+                     ->check(CLI::IsMember({"small", "mini", "flash", "pro"}));
+  auto* config = cmd->add_option("--config", a->config, "a DeepSeek-V4 config.json")->check(CLI::ExistingFile);
+  auto* checkpoint =
+      cmd->add_option("--checkpoint", a->checkpoint, "checkpoint directory or .safetensors file (else synthetic weights)")
+          ->check(CLI::ExistingPath);
+  preset->excludes(config)->excludes(checkpoint);
+  cmd->add_option("--seed", a->seed, "seed of the synthetic weights and inputs")->check(any_uint64());
+  cmd->add_option("--requests", a->requests, "number of requests")->check(integer_in(1, kIntMax));
+  cmd->add_option("--prompt", a->prompt, "longest prompt; prompts spread over [P/2, P]")->check(integer_in(1, kIntMax));
+  cmd->add_option("--gen", a->gen, "decode steps per request")->check(integer_in(0, kIntMax));
+  cmd->add_option("--budget", a->budget, "tokens per step")->check(integer_in(1, kIntMax));
+  cmd->add_option("--max-running", a->max_running, "requests holding cache at once")->check(integer_in(1, kIntMax));
   cmd->add_option("--profile", a->profile, "numerics: production (default) or exact")
       ->check(CLI::IsMember({"exact", "production"}));
   cmd->add_option("--index-keys", a->index_keys, "indexer key cache: mxfp4 (default) or fp8")
       ->check(CLI::IsMember({"mxfp4", "fp8"}));
-  cmd->add_option("--weight-cache-gib", a->weight_cache_gib, "keep float32 weight copies up to this size");
-  cmd->add_option("--json", a->json, "also write the report as JSON to FILE ('-': stdout)");
+  cmd->add_option("--weight-cache-gib", a->weight_cache_gib, "keep float32 weight copies up to this size")
+      ->check(number_at_least(0));
+  cmd->add_option("--json", a->json, "also write the report as JSON to FILE ('-': stdout); checked before the run");
   cmd->callback([a] { run_main(*a); });
 }
 

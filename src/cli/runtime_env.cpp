@@ -6,6 +6,7 @@
 //    decode went from 1.7 to 19 tokens/s.
 //  - OPENBLAS_CORETYPE: OpenBLAS 0.3.21 does not recognise recent Xeons and
 //    falls back to SSE3 kernels; name the AVX-512 or AVX2 kernels instead.
+#include <limits.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -24,7 +25,17 @@ void reexec_with_runtime_env(char** argv) {
     if (core) changed |= setenv("OPENBLAS_CORETYPE", core, 1) == 0;
   }
   setenv("DSV4_RUNTIME_ENV", "1", 1);
-  if (changed) execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
+  if (!changed) return;
+  // Execute the binary by its real path: the kernel names the new image after
+  // the file it ran, so exec'ing "/proc/self/exe" would show up in ps and top
+  // as "exe". argv (and so argv[0]) passes through unchanged.
+  char self[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    execv(self, argv);  // returns only on failure (e.g. the binary was replaced): try the link
+  }
+  execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
 }
 
 }  // namespace dsv4::cli

@@ -1,12 +1,15 @@
 // dsv4 verify DIR CASE [--profile exact|production]: replays a golden case
 // (SPEC §10) and reports per layer and call how far each tensor is.
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <tuple>
 #include <memory>
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "common/error.h"
 #include "runtime/golden_replay.h"
 
@@ -19,35 +22,51 @@ struct VerifyArgs {
   bool sequential = false, verbose = false;
 };
 
+// One cell: "-" where the golden holds no such tensor, "nan" where a value was
+// not finite, "size" where ours and the golden's differ in size.
+std::string cell(const ReplayMetric* m, const char* format) {
+  if (!m) return "-";
+  if (m->size_mismatch) return "size";
+  if (std::isnan(m->value)) return "nan";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, format, m->value);
+  return buf;
+}
+
 void print_table(const ReplayResult& r, const GoldenCase& gc) {
   // One line per (request, call, layer): the distances of every tensor compared.
   std::printf("%-4s %-5s %-5s %-6s %10s %10s %10s %10s %10s %10s %8s\n", "req", "call", "layer", "type", "output", "kv",
               "q", "attn", "compressed", "idx_keys", "topk");
-  std::map<std::tuple<int, int, int>, std::map<std::string, double>> rows;
-  for (const auto& m : r.metrics) rows[{m.request, m.call, m.layer}][m.tensor] = m.value;
+  std::map<std::tuple<int, int, int>, std::map<std::string, const ReplayMetric*>> rows;
+  for (const auto& m : r.metrics) rows[{m.request, m.call, m.layer}][m.tensor] = &m;
   for (const auto& [key, vals] : rows) {
     const auto [req, call, layer] = key;
     std::printf("r%-3d c%-4d l%-4d %-6s", req, call, layer,
                 std::string(layer_type_name(gc.config.layer_type(layer))).c_str());
-    for (const char* t : {"output", "kv", "q", "attn", "compressed", "index_keys"}) {
-      auto it = vals.find(t);
-      if (it == vals.end()) std::printf(" %10s", "-");
-      else std::printf(" %10.2e", it->second);
-    }
-    auto it = vals.find("topk");
-    if (it == vals.end()) std::printf(" %8s\n", "-");
-    else std::printf(" %8.4f\n", it->second);
+    auto find = [&](const char* t) -> const ReplayMetric* {
+      const auto it = vals.find(t);
+      return it == vals.end() ? nullptr : it->second;
+    };
+    for (const char* t : {"output", "kv", "q", "attn", "compressed", "index_keys"})
+      std::printf(" %10s", cell(find(t), "%.2e").c_str());
+    std::printf(" %8s\n", cell(find("topk"), "%.4f").c_str());
   }
 }
 
 void print_summary(const ReplayResult& r) {
-  std::printf("\n%-11s %6s %10s %10s %10s %10s\n", "tensor", "n", "median", "p90", "p99", "max");
+  std::printf("\n%-11s %6s %10s %10s %10s %10s %11s\n", "tensor", "n", "median", "p90", "p99", "max", "non-finite");
   for (const char* t : {"output", "kv", "q", "attn", "compressed", "index_keys"}) {
     const MetricSummary s = summarize(r.metrics, t);
-    if (s.count) std::printf("%-11s %6lld %10.2e %10.2e %10.2e %10.2e\n", t, (long long)s.count, s.median, s.p90, s.p99, s.max);
+    if (s.count)
+      std::printf("%-11s %6lld %10.2e %10.2e %10.2e %10.2e %11lld\n", t, (long long)s.count, s.median, s.p90, s.p99,
+                  s.max, (long long)s.nonfinite_values);
   }
   const MetricSummary k = summarize(r.metrics, "topk");
   if (k.count) std::printf("%-11s %6lld  overlap %.5f over all picks\n", "topk", (long long)k.count, k.topk_overlap);
+  int64_t nonfinite = 0, mismatched = 0;
+  for (const auto& m : r.metrics) nonfinite += m.nonfinite, mismatched += m.size_mismatch;
+  if (nonfinite) std::printf("%lld values were not finite (NaN or Inf)\n", (long long)nonfinite);
+  if (mismatched) std::printf("%lld tensors differ in size from the golden's\n", (long long)mismatched);
 }
 
 int run_verify(const VerifyArgs& a) {
@@ -80,7 +99,7 @@ void register_verify(CLI::App& app) {
   cmd->add_option("--index-keys", a->index_keys, "indexer key cache format: mxfp4 or fp8")
       ->check(CLI::IsMember({"mxfp4", "fp8"}));
   cmd->add_option("--max-chunk", a->max_chunk, "split calls into runs of at most this many tokens (0: whole calls)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in(0, std::numeric_limits<int32_t>::max()));
   cmd->add_flag("--sequential", a->sequential, "one request per step instead of batching them in lockstep");
   cmd->add_flag("-v,--verbose", a->verbose, "print every (request, call, layer)");
   cmd->callback([a] {

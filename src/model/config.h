@@ -20,6 +20,16 @@ std::string_view layer_type_name(LayerType t);  // "swaonly", "c4a", "c128a"
 LayerType layer_type_from_ratio(int ratio);
 int compress_ratio(LayerType t);  // 1, 4, 128
 
+// Bounds validate() enforces beyond SPEC §2's fixed dims, so that every GEMM
+// dimension fits a 32-bit int and every tensor's byte count 64 bits (Pro:
+// hidden 7168, 128 heads, 61 layers, 1M positions).
+inline constexpr int kMaxModelWidth = 1 << 20;  // hidden_size, ranks, o_groups * o_lora_rank, index_topk
+inline constexpr int kMaxHeads = 1 << 12;       // num_attention_heads, o_groups, index_n_heads
+inline constexpr int kMaxLayers = 1 << 12;
+inline constexpr int64_t kMaxPositions = (int64_t(1) << 31) - 1;  // positions fit int32
+// The FP8 block width of weights and of linear inputs (SPEC §5).
+inline constexpr int kFp8BlockWidth = 128;
+
 struct ModelConfig {
   std::string name;  // preset name or the file it came from
   int hidden_size = 0;
@@ -47,9 +57,16 @@ struct ModelConfig {
   // RoPE of a layer: base 10000 plain for SWA-only, 160000 with YaRN otherwise.
   RopeParams rope_params(LayerType t) const;
 
-  // Throws Error naming the offending field.
+  // Throws Error naming the offending field. Checks what every profile needs
+  // (the exact profile accepts any width, as the reference does).
   void validate() const;
 };
+
+// What the production profile needs beyond validate(): every FP8 linear's
+// input width (hidden_size, q_lora_rank, o_groups * o_lora_rank) a multiple
+// of 128. Throws Error naming the field, its value and the profile. Call it
+// before building anything that runs production numerics.
+void check_production_dims(const ModelConfig& config);
 
 // Built-in presets: "flash", "pro", "mini" (the golden vectors' dims), "small"
 // (Flash's layer mix scaled down for CPU runs).

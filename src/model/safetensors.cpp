@@ -11,11 +11,13 @@
 #include <fstream>
 #include <limits>
 #include <optional>
-#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/text.h"
+#include "model/files.h"
+#include "model/json_reader.h"
 
 namespace dsv4 {
 namespace {
@@ -49,13 +51,6 @@ const DTypeInfo& info(DType t) {
   throw Error("invalid DType value " + std::to_string(int(t)));
 }
 
-// Names come from the file; keep messages readable when they are huge.
-std::string shown(std::string_view name) {
-  constexpr size_t kMax = 200;
-  if (name.size() <= kMax) return std::string(name);
-  return std::string(name.substr(0, kMax)) + "...";
-}
-
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -70,34 +65,25 @@ std::optional<uint64_t> byte_count(const std::vector<int64_t>& shape, size_t ele
   return n;
 }
 
-// Parses the header text. nlohmann keeps the last of duplicate keys silently,
-// so a parse callback records every object's keys and the first repeat.
+// Parses the header text: linear in its size (a Flash checkpoint's shards hold
+// thousands of entries; hostile ones millions), refusing repeated keys, which
+// nlohmann would silently collapse to the last.
 json parse_header_json(std::string_view text, const std::string& origin) {
-  std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
-  bool top_level_duplicate = false;
-  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
-    using E = json::parse_event_t;
-    if ((event == E::object_start || event == E::array_start) && depth >= kMaxJsonDepth)
-      throw Error(origin + ": header nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-    if (event == E::object_start) open_objects.emplace_back();
-    if (event == E::object_end) open_objects.pop_back();
-    if (event == E::key && !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
-      duplicate = parsed.get<std::string>();
-      top_level_duplicate = open_objects.size() == 1;
-    }
-    return true;
-  };
-  json header;
   try {
-    header = json::parse(text.begin(), text.end(), callback);
-  } catch (const json::exception& e) {
-    throw Error(origin + ": header is not valid JSON: " + e.what());
+    return parse_json_text(text, origin, kMaxJsonDepth);
+  } catch (const JsonParseError& e) {
+    switch (e.kind) {
+      case JsonParseError::Kind::kDuplicateKey:
+        if (e.depth == 1) throw Error(origin + ": tensor '" + shown(e.key) + "' appears twice in the header");
+        throw Error(origin + ": key '" + shown(e.key) + "' appears twice in one header object ('" + shown(e.path) +
+                    "')");
+      case JsonParseError::Kind::kTooDeep:
+        throw Error(origin + ": header nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      case JsonParseError::Kind::kSyntax:
+        break;
+    }
+    throw Error(origin + ": header is not valid JSON: " + e.detail);
   }
-  if (!duplicate.empty() && top_level_duplicate)
-    throw Error(origin + ": tensor '" + shown(duplicate) + "' appears twice in the header");
-  DSV4_REQUIRE(duplicate.empty(), origin + ": key '" + shown(duplicate) + "' appears twice in one header object");
-  return header;
 }
 
 std::map<std::string, std::string> parse_metadata(const json& j, const std::string& origin) {
@@ -185,20 +171,15 @@ void check_overlaps(const std::vector<TensorView>& tensors, const uint8_t* data,
   }
 }
 
-std::string read_text_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  DSV4_REQUIRE(bool(in), path.string() + ": cannot open: " + std::strerror(errno));
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 // The index's weight_map: tensor name -> shard file (a plain name in the same directory).
 std::map<std::string, std::string> read_weight_map(const fs::path& index) {
   const std::string origin = index.string();
   json j;
   try {
-    j = json::parse(read_text_file(index));
-  } catch (const json::exception& e) {
-    throw Error(origin + ": not valid JSON: " + e.what());
+    j = parse_json_text(read_file_text(index), origin);
+  } catch (const JsonParseError& e) {
+    if (e.kind != JsonParseError::Kind::kSyntax) throw;
+    throw Error(origin + ": not valid JSON: " + e.detail);
   }
   DSV4_REQUIRE(j.is_object() && j.contains("weight_map") && j.at("weight_map").is_object(),
           origin + ": expected an object with a 'weight_map' object");
@@ -244,12 +225,14 @@ std::string TensorView::describe() const {
 std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const fs::path& path) {
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->origin_ = path.string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must fail the type check below, not wait for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   DSV4_REQUIRE(fd >= 0, file->origin_ + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw Error(file->origin_ + ": not a regular file");
+    const std::string problem = file_problem(path);
+    throw Error(file->origin_ + ": not a regular file" + (problem.empty() ? "" : " (it " + problem + ")"));
   }
   const size_t size = size_t(st.st_size);
   if (size > 0) {  // mmap refuses length 0; an empty file fails the length check below
@@ -319,8 +302,9 @@ std::vector<std::unique_ptr<SafetensorsFile>> open_indexed(const fs::path& dir, 
   for (const auto& [tensor, shard] : weight_map) {
     if (shards.count(shard)) continue;
     const fs::path p = dir / shard;
-    DSV4_REQUIRE(fs::is_regular_file(p), index.string() + ": shard '" + shown(shard) + "' (holding '" + shown(tensor) +
-                                        "') does not exist at " + p.string());
+    const std::string problem = file_problem(p);
+    DSV4_REQUIRE(problem.empty(), index.string() + ": shard '" + shown(shard) + "' (holding '" + shown(tensor) + "') " +
+                                 problem + ": " + p.string());
     files.push_back(SafetensorsFile::open(p));
     shards.emplace(shard, files.back().get());
   }
@@ -334,8 +318,10 @@ std::vector<std::unique_ptr<SafetensorsFile>> open_indexed(const fs::path& dir, 
 // Every *.safetensors of a directory, in name order.
 std::vector<std::unique_ptr<SafetensorsFile>> open_directory(const fs::path& dir) {
   std::vector<fs::path> paths;
+  // Every *.safetensors entry, whatever its type: a FIFO or a directory so
+  // named is reported by SafetensorsFile::open rather than skipped unseen.
   for (const auto& entry : fs::directory_iterator(dir))
-    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") paths.push_back(entry.path());
+    if (entry.path().extension() == ".safetensors") paths.push_back(entry.path());
   DSV4_REQUIRE(!paths.empty(), dir.string() + ": no .safetensors files and no model.safetensors.index.json");
   std::sort(paths.begin(), paths.end());
   std::vector<std::unique_ptr<SafetensorsFile>> files;
@@ -354,8 +340,11 @@ Checkpoint Checkpoint::open(const fs::path& path) {
   try {
     if (fs::is_directory(status)) {
       const fs::path index = path / "model.safetensors.index.json";
-      c.files_ = fs::exists(index) ? open_indexed(path, index) : open_directory(path);
+      const bool indexed = fs::exists(fs::symlink_status(index));
+      if (indexed) require_regular_file(index);
+      c.files_ = indexed ? open_indexed(path, index) : open_directory(path);
     } else if (path.filename().string().ends_with(".index.json")) {  // the index itself
+      require_regular_file(path);
       c.files_ = open_indexed(path.parent_path(), path);
     } else {
       c.files_.push_back(SafetensorsFile::open(path));

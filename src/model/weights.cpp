@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numbers>
@@ -486,6 +487,73 @@ WeightMatrix quantize_fp8_matrix(std::string name, std::span<const float> values
   for (int64_t r0 = 0; r0 < rows; r0 += kBlock)
     quantize_band(values.data() + r0 * cols, r0, std::min(kBlock, rows - r0), m);
   return m;
+}
+
+namespace {
+
+// Scans stored elements; `bad(i)` says whether element i is not finite.
+template <typename Bad>
+void scan(const std::string& name, int64_t n, Bad bad, const std::function<float(int64_t)>& value,
+          std::vector<NonFiniteTensor>& out) {
+  NonFiniteTensor t{name, 0, n, 0, 0};
+  for (int64_t i = 0; i < n; ++i)
+    if (bad(i) && t.count++ == 0) t.first_index = i;
+  if (t.count == 0) return;
+  t.first_value = value(t.first_index);
+  out.push_back(std::move(t));
+}
+
+void scan_matrix(const WeightMatrix& m, std::vector<NonFiniteTensor>& out) {
+  const int64_t n = m.rows * m.cols;
+  const uint8_t* p = m.data.data();
+  auto value = [&](int64_t i) { return m.at(i / m.cols, i % m.cols); };
+  switch (m.dtype) {
+    case DType::kF8E4M3:  // e4m3fn: no infinities; S.1111.111 is NaN
+      scan(m.name, n, [&](int64_t i) { return (p[i] & 0x7f) == 0x7f; }, value, out);
+      break;
+    case DType::kBF16:
+      scan(m.name, n, [&](int64_t i) { return (p[2 * i + 1] & 0x7f) == 0x7f && (p[2 * i] & 0x80); }, value, out);
+      break;
+    case DType::kF32:
+      scan(m.name, n, [&](int64_t i) { return (p[4 * i + 3] & 0x7f) == 0x7f && (p[4 * i + 2] & 0x80); }, value, out);
+      break;
+    default:
+      break;  // refused at load
+  }
+}
+
+void scan_floats(const std::string& name, const std::vector<float>& v, std::vector<NonFiniteTensor>& out) {
+  scan(name, int64_t(v.size()), [&](int64_t i) { return !std::isfinite(v[size_t(i)]); },
+       [&](int64_t i) { return v[size_t(i)]; }, out);
+}
+
+void scan_compressor(const std::string& p, const CompressorWeights& c, std::vector<NonFiniteTensor>& out) {
+  scan_matrix(c.wkv, out);
+  scan_matrix(c.wgate, out);
+  scan_floats(p + "ape", c.ape, out);
+  scan_floats(p + "norm.weight", c.norm, out);
+}
+
+}  // namespace
+
+std::vector<NonFiniteTensor> find_nonfinite(const LayerWeights& w) {
+  const std::string p = layer_prefix(w.layer);
+  std::vector<NonFiniteTensor> out;
+  scan_matrix(w.wq_a, out);
+  scan_floats(p + "q_norm.weight", w.q_norm, out);
+  scan_matrix(w.wq_b, out);
+  scan_matrix(w.wkv, out);
+  scan_floats(p + "kv_norm.weight", w.kv_norm, out);
+  scan_matrix(w.wo_a, out);
+  scan_matrix(w.wo_b, out);
+  scan_floats(p + "attn_sink", w.attn_sink, out);
+  if (w.compressor) scan_compressor(p + "compressor.", *w.compressor, out);
+  if (w.indexer) {
+    scan_matrix(w.indexer->wq_b, out);
+    scan_matrix(w.indexer->weights_proj, out);
+    scan_compressor(p + "indexer.compressor.", w.indexer->compressor, out);
+  }
+  return out;
 }
 
 LayerWeights load_layer_weights(const Checkpoint& ckpt, const ModelConfig& config, int layer) {

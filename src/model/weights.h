@@ -90,6 +90,18 @@ struct LayerWeights {
 // dtype throws Error naming the tensor. The checkpoint must outlive the result.
 LayerWeights load_layer_weights(const Checkpoint& ckpt, const ModelConfig& config, int layer);
 
+// A tensor of a layer holding NaN or Inf values, as stored (an e4m3 NaN
+// code, a bf16 or f32 NaN or Inf; block scales are checked at load).
+struct NonFiniteTensor {
+  std::string name;
+  int64_t count = 0;        // non-finite elements
+  int64_t numel = 0;        // elements in all
+  int64_t first_index = 0;  // row-major index of the first one
+  float first_value = 0;    // as decoded
+};
+// Every tensor of `w` holding non-finite values, in SPEC §3 order.
+std::vector<NonFiniteTensor> find_nonfinite(const LayerWeights& w);
+
 // Quantizes a row-major float matrix to e4m3 (stored in `owned`) with one
 // power-of-two scale per 128x128 block, 2^ceil(log2(max(amax, 1e-4) / 448)):
 // the UE8M0 block format of real checkpoints. Values must be finite.

@@ -20,6 +20,9 @@ CacheLimits limits_for(const CacheSpec& spec, const EngineOptions& o) {
 
 std::unique_ptr<AttentionBackend> make_backend(const ModelConfig& c, const std::vector<LayerWeights>& w,
                                                const CacheSpec& spec, const EngineOptions& o) {
+  // FP8 blocks need widths the exact profile does not (checked before any op
+  // could meet a partial block inside a parallel region).
+  if (o.profile == Profile::kProduction) check_production_dims(c);
   const BackendOptions bo{o.profile, o.index_keys, o.cache_weights, o.indexer_key_tile};
   if (o.device == Device::kCpu) return make_cpu_backend(c, w, spec, bo);
 #if DSV4_HAVE_CUDA

@@ -12,30 +12,179 @@
 
 #include "common/error.h"
 #include "model/config_json.h"
+#include "model/files.h"
+#include "model/json_reader.h"
 #include "model/safetensors.h"
 #include "numerics/bf16.h"
 #include "runtime/engine.h"
 
 namespace dsv4 {
 
+namespace {
+
+using json = nlohmann::json;
+
+const json& member(const json& j, const char* field, const std::string& where) {
+  const auto it = j.find(field);
+  DSV4_REQUIRE(it != j.end() && !it->is_null(), where + ": missing field '" + field + "'");
+  return *it;
+}
+
+// The calls of one request: contiguous from position 0, each at least one token.
+std::vector<GoldenCall> read_calls(const json& req, const std::string& where, int64_t max_positions) {
+  DSV4_REQUIRE(req.is_object(), where + " is not an object (got " + std::string(req.type_name()) + ")");
+  const json& calls = member(req, "calls", where);
+  DSV4_REQUIRE(calls.is_array(), where + ".calls is not an array (got " + std::string(calls.type_name()) + ")");
+  DSV4_REQUIRE(!calls.empty(), where + ".calls is empty: a request needs at least one call");
+  std::vector<GoldenCall> out;
+  int64_t next = 0;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const std::string at = where + ".calls[" + std::to_string(k) + "]";
+    const json& c = calls[k];
+    DSV4_REQUIRE(c.is_object(), at + " is not an object (got " + std::string(c.type_name()) + ")");
+    GoldenCall call;
+    call.start_pos = json_integer(member(c, "start_pos", at), at + ": field 'start_pos'", 0, kMaxPositions);
+    call.len = int(json_integer(member(c, "len", at), at + ": field 'len'", 1, std::numeric_limits<int32_t>::max()));
+    DSV4_REQUIRE(call.start_pos == next, at + ": start_pos " + std::to_string(call.start_pos) +
+                                        " does not continue the request (expected " + std::to_string(next) + ")");
+    next += call.len;  // both terms below 2^31: no overflow
+    DSV4_REQUIRE(next <= max_positions, at + ": positions up to " + std::to_string(next - 1) +
+                                       " exceed max_position_embeddings (" + std::to_string(max_positions) + ")");
+    out.push_back(call);
+  }
+  return out;
+}
+
+}  // namespace
+
 GoldenCase load_golden_case(const std::filesystem::path& dir, const std::string& name) {
   const auto path = dir / (name + ".json");
-  const nlohmann::json j = read_json_file(path);
-  DSV4_REQUIRE(j.contains("config") && j.contains("requests"), path.string() + ": needs 'config' and 'requests'");
-  GoldenCase gc{name, dir, config_from_json(j.at("config"), path.string()), {}};
-  for (const auto& req : j.at("requests")) {
-    std::vector<GoldenCall> calls;
-    int64_t next = 0;
-    for (const auto& c : req.at("calls")) {
-      GoldenCall call{c.at("start_pos").get<int64_t>(), c.at("len").get<int>()};
-      DSV4_REQUIRE(call.start_pos == next && call.len > 0,
-              path.string() + ": request " + std::to_string(gc.requests.size()) + " has a non-contiguous call");
-      next += call.len;
-      calls.push_back(call);
-    }
-    gc.requests.push_back(std::move(calls));
+  const std::string origin = path.string();
+  const json j = read_json_file(path);
+  DSV4_REQUIRE(j.is_object(), origin + ": expected a JSON object (got " + std::string(j.type_name()) + ")");
+  const json& config = member(j, "config", origin);
+  const json& requests = member(j, "requests", origin);
+  DSV4_REQUIRE(requests.is_array(), origin + ": field 'requests' is not an array (got " +
+                                   std::string(requests.type_name()) + ")");
+  DSV4_REQUIRE(!requests.empty(), origin + ": field 'requests' is empty");
+  GoldenCase gc{name, dir, config_from_json(config, origin + ": config"), {}};
+  int64_t tokens = 0;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const std::string where = origin + ": requests[" + std::to_string(r) + "]";
+    gc.requests.push_back(read_calls(requests[r], where, gc.config.max_position_embeddings));
+    const GoldenCall& last = gc.requests.back().back();
+    tokens += last.start_pos + last.len;  // each term below 2^31
+    // A replay steps all requests together: their tokens must count in an int.
+    DSV4_REQUIRE(tokens <= std::numeric_limits<int32_t>::max(),
+            origin + ": the requests hold more than 2^31 - 1 tokens in all");
   }
   return gc;
+}
+
+namespace {
+
+// Compressed entries of ratio m that positions [start, start + len) complete.
+int64_t entries_completed(const GoldenCall& c, int m) { return (c.start_pos + c.len) / m - c.start_pos / m; }
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Checks one request's file against its calls.
+class GoldenFileCheck {
+ public:
+  GoldenFileCheck(const GoldenCase& gc, int r, const SafetensorsFile& f, const std::set<std::string>& recorded)
+      : gc_(gc), r_(r), f_(f), recorded_(recorded) {}
+
+  void run() {
+    const ModelConfig& c = gc_.config;
+    const int64_t D = c.hidden_size, H = c.num_heads;
+    const auto& calls = gc_.requests[size_t(r_)];
+    for (int k = 0; k < int(calls.size()); ++k) {
+      const int64_t len = calls[size_t(k)].len;
+      expect(k, -1, name("input", k, -1), {len, D}, true);
+      for (int l = 0; l < c.num_layers; ++l) {
+        expect(k, l, name("output", k, l), {len, D}, true);
+        expect(k, l, name("kv", k, l), {len, 512}, false);
+        expect(k, l, name("q", k, l), {len, H, 512}, false);
+        expect(k, l, name("attn", k, l), {len, H, 512}, false);
+        const LayerType type = c.layer_type(l);
+        if (type == LayerType::kSwaOnly) continue;
+        const int64_t n = entries_completed(calls[size_t(k)], compress_ratio(type));
+        entries(k, l, name("compressed", k, l), {n, 512});
+        if (type != LayerType::kC4A) continue;
+        entries(k, l, name("index_keys", k, l), {entries_completed(calls[size_t(k)], 4), 128});
+        topk(k, l, name("topk", k, l), len);
+      }
+    }
+  }
+
+ private:
+  // "<kind>.r<R>.c<K>" or "<kind>.r<R>.c<K>.l<L>" (snprintf: GCC 12 warns falsely on chained string +)
+  std::string name(const char* kind, int k, int l) const {
+    char buf[96];
+    if (l < 0) std::snprintf(buf, sizeof buf, "%s.r%d.c%d", kind, r_, k);
+    else std::snprintf(buf, sizeof buf, "%s.r%d.c%d.l%d", kind, r_, k, l);
+    return buf;
+  }
+
+  std::string where(int k, int l, const std::string& key) const {
+    return f_.origin() + ": request " + std::to_string(r_) + ", call " + std::to_string(k) +
+           (l >= 0 ? ", layer " + std::to_string(l) : "") + ": tensor '" + key + "'";
+  }
+
+  void expect(int k, int l, const std::string& key, const std::vector<int64_t>& shape, bool required) {
+    const TensorView* t = f_.find(key);
+    if (!t) {
+      DSV4_REQUIRE(!required, where(k, l, key) + " is missing");
+      return;
+    }
+    DSV4_REQUIRE(t->dtype == DType::kF32 || t->dtype == DType::kBF16,
+            where(k, l, key) + " is " + std::string(dtype_name(t->dtype)) + "; expected F32 or BF16");
+    DSV4_REQUIRE(t->shape == shape, where(k, l, key) + " has shape " + shape_str(t->shape) + "; expected " +
+                                   shape_str(shape));
+  }
+
+  // Entry tensors: a golden that records the kind at all may leave out empty ones.
+  void entries(int k, int l, const std::string& key, const std::vector<int64_t>& shape) {
+    const std::string kind = key.substr(0, key.find('.'));
+    const bool required = recorded_.count(kind) && shape[0] > 0;
+    if (!f_.find(key) && required)
+      throw Error(where(k, l, key) + " is missing: the call completes " + std::to_string(shape[0]) + " entries");
+    expect(k, l, key, shape, false);
+  }
+
+  void topk(int k, int l, const std::string& key, int64_t len) {
+    const TensorView* t = f_.find(key);
+    if (!t) return;
+    DSV4_REQUIRE(t->dtype == DType::kI32, where(k, l, key) + " is " + std::string(dtype_name(t->dtype)) + "; expected I32");
+    DSV4_REQUIRE(t->shape.size() == 2 && t->shape[0] == len && t->shape[1] <= gc_.config.index_topk,
+            where(k, l, key) + " has shape " + shape_str(t->shape) + "; expected [" + std::to_string(len) +
+                ", k] with k <= index_topk (" + std::to_string(gc_.config.index_topk) + ")");
+  }
+
+  const GoldenCase& gc_;
+  int r_;
+  const SafetensorsFile& f_;
+  const std::set<std::string>& recorded_;
+};
+
+}  // namespace
+
+void validate_golden_case(const GoldenCase& gc) {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::set<std::string> recorded;  // tensor kinds that appear anywhere in the case
+  for (size_t r = 0; r < gc.requests.size(); ++r) {
+    const auto path = gc.dir / (gc.name + ".r" + std::to_string(r) + ".safetensors");
+    const std::string problem = file_problem(path);
+    DSV4_REQUIRE(problem.empty(), "golden case " + gc.name + ": the file of request " + std::to_string(r) + ", " +
+                                 path.string() + ", " + problem);
+    files.push_back(SafetensorsFile::open(path));
+    for (const TensorView& t : files.back()->tensors()) recorded.insert(t.name.substr(0, t.name.find('.')));
+  }
+  for (size_t r = 0; r < files.size(); ++r) GoldenFileCheck(gc, int(r), *files[r], recorded).run();
 }
 
 namespace {
@@ -51,8 +200,8 @@ std::vector<float> to_floats(const TensorView& v) {
   return out;
 }
 
+// Both sizes equal and every value finite (metric() checks that first).
 double rel_l2(const std::vector<float>& ours, const std::vector<float>& ref) {
-  if (ours.size() != ref.size()) return std::numeric_limits<double>::infinity();
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     num += (double(ours[i]) - ref[i]) * (double(ours[i]) - ref[i]);
@@ -60,6 +209,12 @@ double rel_l2(const std::vector<float>& ours, const std::vector<float>& ref) {
   }
   if (den == 0) return num == 0 ? 0 : std::numeric_limits<double>::infinity();
   return std::sqrt(num / den);
+}
+
+int64_t count_nonfinite(const std::vector<float>& v) {
+  int64_t n = 0;
+  for (float x : v) n += !std::isfinite(x);
+  return n;
 }
 
 // What ours produced for one call of one request, per layer.
@@ -180,22 +335,56 @@ class Replayer {
     entries(o.index_keys, cap.index_key_tokens, cap.index_keys, 128);
   }
 
+  // Whether the golden records tensors of this kind anywhere (e.g. "compressed").
+  bool records(const std::string& kind) {
+    if (recorded_.empty()) {
+      recorded_.insert("");  // computed
+      for (const auto& f : files_)
+        for (const TensorView& t : f->tensors()) recorded_.insert(t.name.substr(0, t.name.find('.')));
+    }
+    return recorded_.count(kind) > 0;
+  }
+
   void metric(int r, int call, int l, const std::string& name, const std::vector<float>& ours) {
+    ReplayMetric m{r, call, l, name};
+    m.ours_count = int64_t(ours.size());
+    m.nonfinite = count_nonfinite(ours);
     const TensorView* ref = golden(r, name + "." + tag(r, call, l));
     if (!ref) {
-      // The fp8 case omits empty entry tensors: then ours must be empty too.
-      if (name == "compressed" || name == "index_keys")
-        result_.metrics.push_back({r, call, l, name, ours.empty() ? 0.0 : INFINITY, 0});
+      // The fp8 case leaves out entry tensors with no rows: where the golden
+      // records the kind, absence means empty, and ours must be empty too.
+      // Otherwise the golden does not hold the tensor: nothing to compare
+      // (shown as absent), though a non-finite value of ours still counts.
+      const bool empty_in_golden = (name == "compressed" || name == "index_keys") && records(name);
+      if (empty_in_golden && !ours.empty()) {
+        m.size_mismatch = true;
+        m.value = std::numeric_limits<double>::infinity();
+      } else if (m.nonfinite > 0) {
+        m.value = std::numeric_limits<double>::quiet_NaN();
+      } else {
+        return;
+      }
+      result_.metrics.push_back(m);
       return;
     }
     const std::vector<float> g = to_floats(*ref);
-    result_.metrics.push_back({r, call, l, name, rel_l2(ours, g), int64_t(g.size())});
+    m.count = int64_t(g.size());
+    m.nonfinite += count_nonfinite(g);
+    if (ours.size() != g.size()) {
+      m.size_mismatch = true;
+      m.value = std::numeric_limits<double>::infinity();
+    } else if (m.nonfinite > 0) {
+      m.value = std::numeric_limits<double>::quiet_NaN();
+    } else {
+      m.value = rel_l2(ours, g);
+    }
+    result_.metrics.push_back(m);
   }
 
+  // Shape and dtype were checked by validate_golden_case.
   void topk_metric(int r, int call, int l, const std::vector<std::vector<int32_t>>& ours) {
     const TensorView* ref = golden(r, "topk." + tag(r, call, l));
     if (!ref) return;
-    DSV4_REQUIRE(ref->dtype == DType::kI32 && ref->shape.size() == 2, "golden topk tensor must be I32 [S, k]");
     const int64_t rows = ref->shape[0], k = ref->shape[1];
     int64_t total = 0, matched = 0;
     for (int64_t t = 0; t < rows; ++t) {
@@ -210,7 +399,10 @@ class Replayer {
       total += int64_t(std::max(want.size(), got.size()));
       for (int32_t v : got) matched += want.count(v);
     }
-    result_.metrics.push_back({r, call, l, "topk", total ? double(matched) / double(total) : 1.0, total});
+    ReplayMetric m{r, call, l, "topk", total ? double(matched) / double(total) : 1.0, total};
+    m.ours_count = int64_t(ours.size());
+    m.size_mismatch = m.ours_count != rows;
+    result_.metrics.push_back(m);
   }
 
   void finish(int r, int call, int l) {
@@ -236,12 +428,15 @@ class Replayer {
   std::vector<std::vector<Chunk>> chunks_;
   std::vector<size_t> next_;
   std::map<std::string, CallOutputs> pending_;
+  std::set<std::string> recorded_;  // see records()
   ReplayResult result_;
 };
 
 }  // namespace
 
 ReplayResult replay_golden(const GoldenCase& gc, const ReplayOptions& options) {
+  if (options.profile == Profile::kProduction) check_production_dims(gc.config);
+  validate_golden_case(gc);
   return Replayer(gc, options).run();
 }
 
@@ -252,20 +447,73 @@ MetricSummary summarize(const std::vector<ReplayMetric>& metrics, const std::str
   double matched = 0;
   for (const auto& m : metrics) {
     if (m.tensor != tensor) continue;
+    ++s.count;
+    s.nonfinite_values += m.nonfinite;
+    s.size_mismatches += m.size_mismatch;
+    if (std::isnan(m.value)) continue;  // NaN has no place in an order
     v.push_back(m.value);
-    picks += m.count;
-    matched += m.value * double(m.count);
+    if (std::isfinite(m.value)) {
+      picks += m.count;
+      matched += m.value * double(m.count);
+    }
   }
-  s.count = int64_t(v.size());
-  if (v.empty()) return s;
+  s.compared = int64_t(v.size());
+  s.topk_overlap = picks ? matched / double(picks) : 1.0;
+  if (v.empty()) {
+    s.median = s.p90 = s.p99 = s.max = std::numeric_limits<double>::quiet_NaN();
+    return s;
+  }
   std::sort(v.begin(), v.end());
   auto pct = [&](double p) { return v[std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5))]; };
   s.median = pct(0.5), s.p90 = pct(0.9), s.p99 = pct(0.99), s.max = v.back();
-  s.topk_overlap = picks ? matched / double(picks) : 1.0;
   return s;
 }
 
+namespace {
+
+std::string metric_place(const ReplayMetric& m) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "%s r%d c%d l%d", m.tensor.c_str(), m.request, m.call, m.layer);
+  return buf;
+}
+
+// Why the metrics cannot be trusted at all, or "".
+std::string structural_failure(const std::vector<ReplayMetric>& metrics) {
+  std::map<std::string, int64_t> nonfinite;
+  const ReplayMetric *first_nonfinite = nullptr, *first_mismatch = nullptr;
+  int64_t mismatches = 0, total = 0;
+  for (const auto& m : metrics) {
+    if (m.nonfinite > 0) {
+      nonfinite[m.tensor] += m.nonfinite;
+      total += m.nonfinite;
+      if (!first_nonfinite) first_nonfinite = &m;
+    }
+    if (m.size_mismatch) {
+      ++mismatches;
+      if (!first_mismatch) first_mismatch = &m;
+    }
+  }
+  if (total > 0) {
+    std::string by;
+    for (const auto& [t, n] : nonfinite) by += (by.empty() ? "" : ", ") + t + " " + std::to_string(n);
+    return std::to_string(total) + " values were not finite (NaN or Inf, ours or the reference's): " + by +
+           "; first in " + metric_place(*first_nonfinite);
+  }
+  if (mismatches > 0) {
+    const ReplayMetric& m = *first_mismatch;
+    const char* unit = m.tensor == "topk" ? " rows" : " values";
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%lld tensors differ in size from the reference; first %s: ours %lld%s",
+                  (long long)mismatches, metric_place(m).c_str(), (long long)m.ours_count, unit);
+    return buf;
+  }
+  return "";
+}
+
+}  // namespace
+
 std::string judge_replay(const ReplayResult& r, Profile profile) {
+  if (std::string why = structural_failure(r.metrics); !why.empty()) return why;
   const MetricSummary out = summarize(r.metrics, "output"), topk = summarize(r.metrics, "topk");
   char buf[256];
   if (out.count == 0) return "no outputs were compared";

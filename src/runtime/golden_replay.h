@@ -27,8 +27,19 @@ struct GoldenCase {
   std::vector<std::vector<GoldenCall>> requests;  // calls per request
 };
 
-// Reads <dir>/<name>.json; throws Error naming what is missing or malformed.
+// Reads <dir>/<name>.json; throws Error naming what is missing or malformed
+// (the file, and the request and call: calls present, non-empty, contiguous
+// from 0, start_pos and len exact integers, within max_position_embeddings).
 GoldenCase load_golden_case(const std::filesystem::path& dir, const std::string& name);
+
+// The structural checks of a case's tensor files, before anything replays:
+// <name>.r<R>.safetensors for every request, holding input.r<R>.c<K> [len, D]
+// and output.r<R>.c<K>.l<L> [len, D] for every call and layer, and, where
+// present, kv [len, 512], q and attn [len, H, 512], compressed [n, 512] and
+// index_keys [n, 128] with n the entries the call completes, topk I32
+// [len, k <= index_topk]; F32 or BF16 elsewhere. Throws Error naming the
+// file, request, call, layer and tensor.
+void validate_golden_case(const GoldenCase& gc);
 
 struct ReplayOptions {
   Profile profile = Profile::kProduction;
@@ -45,8 +56,12 @@ struct ReplayOptions {
 struct ReplayMetric {
   int request = 0, call = 0, layer = 0;
   std::string tensor;  // output, kv, q, attn, compressed, index_keys, topk
-  double value = 0;    // rel. L2 (lower is better) or overlap fraction (topk)
-  int64_t count = 0;   // elements or picks compared
+  double value = 0;    // rel. L2 (lower is better) or overlap fraction (topk);
+                       // NaN when a value was not finite, +inf when the sizes differ
+  int64_t count = 0;   // elements or picks compared (the reference's)
+  int64_t nonfinite = 0;       // NaN or Inf values, ours and the reference's together
+  bool size_mismatch = false;  // ours and the reference differ in size
+  int64_t ours_count = 0;      // elements (topk: rows) ours produced
 };
 
 struct ReplayResult {
@@ -56,19 +71,27 @@ struct ReplayResult {
   int steps = 0;
 };
 
+// Validates the case (validate_golden_case; check_production_dims for the
+// production profile), then replays it.
 ReplayResult replay_golden(const GoldenCase& gc, const ReplayOptions& options);
 
-// Summary of one tensor's metrics.
+// Summary of one tensor's metrics. The percentiles are over the metrics whose
+// value is not NaN (NaN sorts nowhere); the non-finite ones are counted.
 struct MetricSummary {
-  int64_t count = 0;
-  double median = 0, p90 = 0, p99 = 0, max = 0;
+  int64_t count = 0;     // metrics of the tensor
+  int64_t compared = 0;  // of them, with a value (not NaN): the percentiles' population
+  double median = 0, p90 = 0, p99 = 0, max = 0;  // NaN when nothing was compared
   double topk_overlap = 1;  // pooled over all picks (topk only)
+  int64_t nonfinite_values = 0;  // NaN/Inf values seen, ours and the references'
+  int64_t size_mismatches = 0;
 };
 MetricSummary summarize(const std::vector<ReplayMetric>& metrics, const std::string& tensor);
 
 // The acceptance of issue #3: exact profile: every output within 1e-4 and
 // every top-k set identical; production: output median <= 2.5e-2, p90 <= 4e-2,
-// top-k overlap >= 0.99. Returns an empty string when it passes, else why not.
+// top-k overlap >= 0.99. Before those: any non-finite value (ours or the
+// reference's, in any tensor) or any size that differs from the reference
+// fails. Returns an empty string when it passes, else why not.
 std::string judge_replay(const ReplayResult& r, Profile profile);
 
 }  // namespace dsv4

@@ -78,7 +78,7 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
     for (int64_t id : finished) engine.close_request(id);
     for (int64_t id : failed) engine.close_request(id);
     rep.finished += int(finished.size());
-    for (float v : h) abs_sum += std::fabs(v);
+    for (float v : h) abs_sum += std::fabs(v), rep.nonfinite_values += !std::isfinite(v);
     values += h.size();
     const double dt = seconds_since(t_step);
     int64_t prefill = 0, decode = 0;

@@ -29,6 +29,7 @@ struct WorkloadReport {
   std::vector<std::string> errors;  // rejected runs
   double checksum = 0;              // mean |h| after the last layer over every token served:
                                     // independent of the schedule, to compare runs
+  int64_t nonfinite_values = 0;     // NaN or Inf among those values (the checksum is then NaN)
 };
 
 struct StepProgress {

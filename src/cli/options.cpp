@@ -1,0 +1,64 @@
+#include "cli/options.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+namespace dsv4::cli {
+namespace {
+
+// Parses the whole of `s` as T (decimal), or fails.
+template <typename T>
+bool parse_all(const std::string& s, T& out) {
+  const char* end = s.data() + s.size();
+  const auto [ptr, ec] = std::from_chars(s.data(), end, out);
+  return ec == std::errc() && ptr == end && !s.empty();
+}
+
+std::string shown(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::string bounds(int64_t lo, int64_t hi) { return "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]"; }
+
+}  // namespace
+
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        int64_t v = 0;
+        if (!parse_all(s, v) || v < lo || v > hi) return "'" + s + "' is not an integer in " + bounds(lo, hi);
+        return "";
+      },
+      "INT in " + bounds(lo, hi));
+}
+
+CLI::Validator any_uint64() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        uint64_t v = 0;
+        if (!parse_all(s, v))
+          return "'" + s + "' is not an integer in [0, " + std::to_string(std::numeric_limits<uint64_t>::max()) + "]";
+        return "";
+      },
+      "UINT64");
+}
+
+CLI::Validator number_at_least(double lo) {
+  return CLI::Validator(
+      [lo](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = s.empty() ? NAN : std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v) || v < lo)
+          return "'" + s + "' is not a finite number >= " + shown(lo);
+        return "";
+      },
+      "NUMBER >= " + shown(lo));
+}
+
+}  // namespace dsv4::cli

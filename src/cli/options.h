@@ -1,0 +1,19 @@
+#pragma once
+// Validators for numeric options that check the text before CLI11 converts
+// it, so that a negative seed, an out-of-range count or a non-number gets a
+// message with readable bounds (CLI11's own ranges print the largest double
+// in full and let some conversions wrap).
+#include <cstdint>
+
+#include <CLI/CLI.hpp>
+
+namespace dsv4::cli {
+
+// A decimal integer in [lo, hi] ("0x10", "1e3", "12abc" and "+5" are refused).
+CLI::Validator integer_in(int64_t lo, int64_t hi);
+// A decimal integer in [0, 2^64 - 1] (seeds); a minus sign is refused.
+CLI::Validator any_uint64();
+// A finite number >= lo.
+CLI::Validator number_at_least(double lo);
+
+}  // namespace dsv4::cli
