@@ -49,6 +49,34 @@ CLI::Validator any_uint64() {
       "UINT64");
 }
 
+int64_t parse_size(const std::string& s) {
+  if (s.empty()) return -1;
+  double scale = 1;
+  std::string digits = s;
+  switch (s.back()) {
+    case 'K': case 'k': scale = 1024.0; break;
+    case 'M': case 'm': scale = 1024.0 * 1024; break;
+    case 'G': case 'g': scale = 1024.0 * 1024 * 1024; break;
+    case 'T': case 't': scale = 1024.0 * 1024 * 1024 * 1024; break;
+    default: break;
+  }
+  if (scale > 1) digits.pop_back();
+  char* end = nullptr;
+  const double v = digits.empty() ? NAN : std::strtod(digits.c_str(), &end);
+  if (digits.empty() || end != digits.c_str() + digits.size() || !std::isfinite(v) || v < 0) return -1;
+  const double bytes = v * scale;
+  return bytes >= 9.0e18 ? -1 : int64_t(bytes);
+}
+
+CLI::Validator memory_size() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (parse_size(s) < 1) return "'" + s + "' is not a memory size (bytes, or a number with K, M, G or T)";
+        return "";
+      },
+      "SIZE");
+}
+
 CLI::Validator number_at_least(double lo) {
   return CLI::Validator(
       [lo](std::string& s) -> std::string {

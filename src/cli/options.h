@@ -16,4 +16,10 @@ CLI::Validator any_uint64();
 // A finite number >= lo.
 CLI::Validator number_at_least(double lo);
 
+// A memory size: a number of bytes with an optional K, M, G or T suffix
+// (powers of 1024; "1.5G" is allowed). Returns -1 when `s` is none.
+int64_t parse_size(const std::string& s);
+// The same, as a validator (sizes of at least one byte).
+CLI::Validator memory_size();
+
 }  // namespace dsv4::cli

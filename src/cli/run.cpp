@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -23,6 +24,7 @@ namespace {
 
 struct RunArgs {
   std::string preset = "small", config, checkpoint, profile = "production", index_keys = "mxfp4", json;
+  std::string device = "auto", gpu_memory = "0.9", cache_memory;
   uint64_t seed = 0;
   int requests = 8, prompt = 512, gen = 32, budget = 512, max_running = 8;
   double weight_cache_gib = 4;
@@ -158,18 +160,51 @@ class JsonReport {
   FILE* file_ = nullptr;
 };
 
+// Half of the machine's memory: the default limit of the host caches (pages
+// are allocated as requests hold them; the limit turns a workload that would
+// exhaust the machine into refused requests).
+int64_t default_cache_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? int64_t(pages) * page / 2 : int64_t(8) << 30;
+}
+
+// --gpu-memory: a fraction of the free device memory (<= 1) or a size.
+double gpu_memory(const std::string& s) {
+  char* end = nullptr;
+  const double f = std::strtod(s.c_str(), &end);
+  if (!s.empty() && end == s.c_str() + s.size() && f > 0 && f <= 1) return f;
+  const int64_t bytes = parse_size(s);
+  DSV4_REQUIRE(bytes > 1, "--gpu-memory '" + s + "': expected a fraction in (0, 1] or a size such as 80G");
+  return double(bytes);
+}
+
+void print_memory(const Engine& e) {
+  const BackendMemory m = const_cast<Engine&>(e).backend().memory();
+  const double gib = 1024.0 * 1024 * 1024;
+  std::printf("%s memory: weights %.2f GiB, caches %.2f GiB, workspace %.2f GiB", e.options().device == Device::kCuda ? "device" : "host",
+              m.weights / gib, m.caches / gib, m.workspace / gib);
+  if (e.options().device == Device::kCuda)
+    std::printf("; the caches admit %lld tokens of compressed context over %lld requests",
+                (long long)e.blocks().limits().context_tokens(e.cache_spec()), (long long)e.options().workload.max_requests);
+  std::printf("\n");
+}
+
 void run_main(const RunArgs& a) {
   JsonReport json(a.json);
   const ModelConfig c = pick_config(a);
   EngineOptions eo;
+  eo.device = parse_device(a.device);
+  eo.gpu_memory = gpu_memory(a.gpu_memory);
+  eo.cache_bytes = a.cache_memory.empty() ? default_cache_bytes() : parse_size(a.cache_memory);
   eo.profile = parse_profile(a.profile);
   eo.index_keys = parse_index_key_format(a.index_keys);
   if (eo.profile == Profile::kProduction) check_production_dims(c);
   eo.workload = CacheWorkload{a.max_running, int64_t(a.prompt) + a.gen, a.budget};
   eo.cache_weights = dense_weight_bytes(c) <= a.weight_cache_gib * 1024 * 1024 * 1024;
-  std::printf("dsv4 run: %s, %d layers (swaonly %d, c4a %d, c128a %d), hidden %d, %d heads, %s numerics\n",
+  std::printf("dsv4 run: %s, %d layers (swaonly %d, c4a %d, c128a %d), hidden %d, %d heads, %s numerics, %s\n",
               c.name.c_str(), c.num_layers, c.count_layers(LayerType::kSwaOnly), c.count_layers(LayerType::kC4A),
-              c.count_layers(LayerType::kC128A), c.hidden_size, c.num_heads, a.profile.c_str());
+              c.count_layers(LayerType::kC128A), c.hidden_size, c.num_heads, a.profile.c_str(),
+              std::string(device_name(eo.device)).c_str());
   std::printf("weights: %s%s\n",
               a.checkpoint.empty() ? ("synthetic, seed " + std::to_string(a.seed)).c_str() : a.checkpoint.c_str(),
               eo.cache_weights ? "" : " (dequantized per use: float32 copies would not fit --weight-cache-gib)");
@@ -177,6 +212,7 @@ void run_main(const RunArgs& a) {
               a.requests, a.requests > 1 ? a.prompt / 2 : a.prompt, a.prompt, a.gen, a.budget, a.max_running);
   std::fflush(stdout);
   auto engine = a.checkpoint.empty() ? Engine::from_seed(c, a.seed, eo) : Engine::from_checkpoint(c, a.checkpoint, eo);
+  print_memory(*engine);
   Scheduler sched(SchedulerOptions{a.budget, a.max_running});
   const bool tty = isatty(fileno(stderr));
   auto progress = [&](const StepProgress& p) {
@@ -188,6 +224,7 @@ void run_main(const RunArgs& a) {
   const WorkloadReport r = run_workload(*engine, sched, make_workload(a), a.seed, progress);
   if (tty) std::fprintf(stderr, "\n");
   print_report(r, c);
+  print_memory(*engine);
   json.write(report_json(r, c, a).dump(2) + "\n");
   // A run that served nothing, or served NaN, did not do its job.
   DSV4_REQUIRE(r.finished > 0, "every request was rejected (" + std::to_string(r.errors.size()) + " rejected runs" +
@@ -224,6 +261,15 @@ void register_run(CLI::App& app) {
   cmd->add_option("--weight-cache-gib", a->weight_cache_gib, "keep float32 weight copies up to this size")
       ->check(number_at_least(0));
   cmd->add_option("--json", a->json, "also write the report as JSON to FILE ('-': stdout); checked before the run");
+  cmd->add_option("--device", a->device, "cpu, cuda, or auto (default: the GPU where there is one)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd->add_option("--gpu-memory", a->gpu_memory,
+                  "cuda: device memory for weights, workspaces and caches: a fraction of the free memory "
+                  "(default 0.9) or a size (e.g. 80G)");
+  cmd->add_option("--cache-memory", a->cache_memory,
+                  "cpu: limit of the host cache pages in use (default: half the machine's memory); a request "
+                  "beyond it is refused")
+      ->check(memory_size());
   cmd->callback([a] { run_main(*a); });
 }
 

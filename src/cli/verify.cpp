@@ -17,7 +17,7 @@ namespace dsv4::cli {
 namespace {
 
 struct VerifyArgs {
-  std::string dir, name, profile = "production", index_keys = "mxfp4";
+  std::string dir, name, profile = "production", index_keys = "mxfp4", device = "cpu";
   int max_chunk = 0;
   bool sequential = false, verbose = false;
 };
@@ -76,8 +76,13 @@ int run_verify(const VerifyArgs& a) {
   opt.index_keys = parse_index_key_format(a.index_keys);
   opt.max_chunk = a.max_chunk;
   opt.lockstep = !a.sequential;
-  std::printf("verify %s (%zu requests), profile %s, indexer keys %s, %s\n", a.name.c_str(), gc.requests.size(),
-              a.profile.c_str(), a.index_keys.c_str(), opt.lockstep ? "requests batched in lockstep" : "one request at a time");
+  opt.device = parse_device(a.device);
+  DSV4_REQUIRE(opt.device == Device::kCpu || opt.profile == Profile::kProduction,
+               "--device cuda: the GPU runs production numerics only; the exact profile is CPU-only");
+  std::printf("verify %s (%zu requests), profile %s, indexer keys %s, %s, on %s\n", a.name.c_str(),
+              gc.requests.size(), a.profile.c_str(), a.index_keys.c_str(),
+              opt.lockstep ? "requests batched in lockstep" : "one request at a time",
+              std::string(device_name(opt.device)).c_str());
   const ReplayResult r = replay_golden(gc, opt);
   if (a.verbose) print_table(r, gc);
   print_summary(r);
@@ -101,6 +106,7 @@ void register_verify(CLI::App& app) {
   cmd->add_option("--max-chunk", a->max_chunk, "split calls into runs of at most this many tokens (0: whole calls)")
       ->check(integer_in(0, std::numeric_limits<int32_t>::max()));
   cmd->add_flag("--sequential", a->sequential, "one request per step instead of batching them in lockstep");
+  cmd->add_option("--device", a->device, "cpu (default), cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   cmd->add_flag("-v,--verbose", a->verbose, "print every (request, call, layer)");
   cmd->callback([a] {
     const int rc = run_verify(*a);

@@ -34,7 +34,30 @@ std::unique_ptr<AttentionBackend> make_backend(const ModelConfig& c, const std::
 #endif
 }
 
+bool cuda_present() {
+#if DSV4_HAVE_CUDA
+  return cuda_device_available();
+#else
+  return false;
+#endif
+}
+
 }  // namespace
+
+Device parse_device(std::string_view name) {
+  if (name == "cpu") return Device::kCpu;
+  if (name == "auto") return cuda_present() ? Device::kCuda : Device::kCpu;
+  if (name == "cuda") {
+#if !DSV4_HAVE_CUDA
+    throw Error("--device cuda: this build has no CUDA backend (configure where nvcc is found)");
+#endif
+    DSV4_REQUIRE(cuda_present(), "--device cuda: no CUDA device is available");
+    return Device::kCuda;
+  }
+  throw Error("unknown device '" + std::string(name) + "' (expected cpu, cuda or auto)");
+}
+
+std::string_view device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
 
 Engine::Engine(const ModelConfig& config, std::vector<LayerWeights> weights, const EngineOptions& options,
                std::shared_ptr<const Checkpoint> checkpoint)

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "attn/backend.h"
@@ -21,6 +22,12 @@
 namespace dsv4 {
 
 enum class Device { kCpu, kCuda };
+
+// "cpu", "cuda", or "auto" (the GPU when this build has the CUDA backend and
+// a device is present); throws Error for anything else, and for "cuda"
+// where the build or the machine has none.
+Device parse_device(std::string_view name);
+std::string_view device_name(Device d);
 
 // The largest workload the caches must address: page ids are sized from it
 // (they cost nothing until used; memory follows the pages in use).
