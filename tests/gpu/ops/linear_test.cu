@@ -27,7 +27,6 @@
 // Every test also checks: outputs poisoned (NaN) before each run are all
 // written; guard rows and columns around the outputs are untouched; two runs
 // are bitwise equal; NaN never passes.
-#include <cblas.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -43,6 +42,7 @@
 #include <vector>
 
 #include "attn/cpu/linear.h"
+#include "attn/cpu/sgemm.h"
 #include "attn/cuda/linear.h"
 #include "common/error.h"
 #include "model/weights.h"
@@ -196,13 +196,11 @@ std::vector<float> absolute(const std::vector<float>& v) {
 // |w|), into rows of stride ldo.
 void reference(const float* x, int64_t ldx, int m, const float* w, const float* aw, int64_t n, int64_t k, float* c,
                float* s, int64_t ldo) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, int(n), int(k), 1.0f, x, int(ldx), w, int(k), 0.0f, c,
-              int(ldo));
+  sgemm_nt(m, int(n), int(k), x, int(ldx), w, int(k), c, int(ldo));
   std::vector<float> ax(size_t(m) * size_t(k));
   for (int r = 0; r < m; ++r)
     for (int64_t i = 0; i < k; ++i) ax[size_t(r * k + i)] = std::fabs(x[r * ldx + i]);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, int(n), int(k), 1.0f, ax.data(), int(k), aw, int(k), 0.0f,
-              s, int(ldo));
+  sgemm_nt(m, int(n), int(k), ax.data(), int(k), aw, int(k), s, int(ldo));
 }
 
 std::vector<float> fake_quantized(std::vector<float> x) {
