@@ -45,7 +45,7 @@ CacheSpec::CacheSpec(const ModelConfig& config, const CacheFormats& formats)
   // Compressed and indexer pages hold 256 raw tokens; a state page holds the
   // rows of one compression block.
   for (CacheGroup g : kAllCacheGroups)
-    groups_[size_t(g)] = GroupSpec{kGroupEntriesPerPage[size_t(g)], kGroupTokensPerEntry[size_t(g)], false, 0};
+    groups_[size_t(g)] = GroupSpec{group_entries_per_page(g), group_tokens_per_entry(g), false, 0};
   const EntryFormat kv = formats.fp8 ? EntryFormat::kFp8DsMla : EntryFormat::kF32;
   const EntryFormat keys = !formats.fp8                                       ? EntryFormat::kF32
                            : formats.index_keys == IndexKeyFormat::kFp8 ? EntryFormat::kIndexFp8

@@ -33,11 +33,24 @@ inline constexpr std::array<CacheGroup, kNumCacheGroups> kAllCacheGroups = {
     CacheGroup::kSwa, CacheGroup::kC4A, CacheGroup::kC128A, CacheGroup::kC4AState, CacheGroup::kC128AState};
 std::string_view cache_group_name(CacheGroup g);
 
-// Page geometry per group (SPEC §6), constants that host and device code
-// share: entries per page, and raw tokens per entry (compressed groups hold
-// one entry per 4 or 128 tokens; the others one per token).
-inline constexpr int kGroupEntriesPerPage[kNumCacheGroups] = {64, 64, 2, 4, 128};
-inline constexpr int kGroupTokensPerEntry[kNumCacheGroups] = {1, 4, 128, 1, 1};
+// Page geometry per group (SPEC §6), shared by host and device code:
+// entries per page, and raw tokens per entry (compressed groups hold one entry
+// per 4 or 128 tokens; the others one per token). Functions, not arrays: a
+// namespace-scope constexpr array indexed at run time does not exist on the
+// device (measured: a trap in the device step builder).
+constexpr int group_entries_per_page(CacheGroup g) {
+  switch (g) {
+    case CacheGroup::kSwa: return 64;
+    case CacheGroup::kC4A: return 64;
+    case CacheGroup::kC128A: return 2;
+    case CacheGroup::kC4AState: return 4;
+    case CacheGroup::kC128AState: return 128;
+  }
+  return 1;
+}
+constexpr int group_tokens_per_entry(CacheGroup g) {
+  return g == CacheGroup::kC4A ? 4 : g == CacheGroup::kC128A ? 128 : 1;
+}
 
 // What one layer keeps in a group.
 enum class CacheKind : int { kSwa = 0, kCompressed, kIndexKeys, kState, kIndexState };

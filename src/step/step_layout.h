@@ -101,7 +101,7 @@ constexpr StepView step_view(int32_t* base, const StepDims& d) {
   v.run_token_begin = base + l.run_token_begin;
   for (int g = 0; g < kNumCacheGroups; ++g)
     v.tables[g] = BlockTableView{base + l.table_pages[g], base + l.table_first[g], d.table_width[g],
-                                 kGroupEntriesPerPage[g]};
+                                 group_entries_per_page(CacheGroup(g))};
   v.swa_slot = base + l.swa_slot;
   v.c4a_slot = base + l.c4a_slot;
   v.c128a_slot = base + l.c128a_slot;
@@ -133,7 +133,7 @@ constexpr StepDims read_step_header(const int32_t* base) {
 // Slot of the compressed entry token position `pos` completes (SPEC §7: only
 // (pos + 1) % m == 0 writes one), or -1.
 constexpr int32_t completed_slot(const StepView& v, CacheGroup g, int run, int64_t pos) {
-  const int m = kGroupTokensPerEntry[int(g)];
+  const int m = group_tokens_per_entry(g);
   return (pos + 1) % m == 0 ? block_table_slot(v.table(g), run, (pos + 1) / m - 1) : -1;
 }
 

@@ -23,6 +23,18 @@ cublasLtHandle_t lt_handle() {
   return handle;
 }
 
+// A 256-byte device buffer of zeros, never freed (like the handle): the
+// scale pointers of block-scaled descriptors while their algorithm is chosen.
+const void* scale_placeholder() {
+  static void* p = [] {
+    void* q = nullptr;
+    if (cudaMalloc(&q, 256) != cudaSuccess || cudaMemset(q, 0, 256) != cudaSuccess)
+      throw Error("cuBLASLt: cannot allocate the scale placeholder");
+    return q;
+  }();
+  return p;
+}
+
 std::string status_text(cublasStatus_t s) {
   const char* name = cublasLtGetStatusName(s);
   return std::string(name ? name : "unknown") + " (" + std::to_string(int(s)) + ")";
@@ -89,6 +101,14 @@ struct LtMatmul::Impl {
       const int32_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
       set_desc(st, desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode, "A_SCALE_MODE");
       set_desc(st, desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode, "B_SCALE_MODE");
+      // The heuristic rejects block scale modes without scale pointers
+      // (CUBLAS_STATUS_INVALID_VALUE, measured): give it a placeholder; run()
+      // sets the real ones before every call.
+      const void* placeholder = scale_placeholder();
+      set_desc(st, desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, placeholder, "A_SCALE_POINTER");
+      set_desc(st, desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, placeholder, "B_SCALE_POINTER");
+      const int8_t fast_accum = 0;  // block scaling has no fast-accumulation mode
+      set_desc(st, desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum, "FAST_ACCUM");
     }
     layout(st, a, ab, p.k, p.m, p.lda, p.stride_a);
     layout(st, b, ab, p.k, p.n, p.ldb, p.stride_b);

@@ -1,6 +1,7 @@
 // Host side of the small-M kernel: the split of k, workspace sizes, launch.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 
@@ -58,7 +59,8 @@ int gemv_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int sms, in
   if (forced > 0 && kb % forced == 0 && forced >= min_splits) return forced;
   const int64_t weight_bytes = kind == GemvWeight::kBf16 ? 2 : 1;
   const int64_t cap = k * weight_bytes / (8 * int64_t(m));
-  int64_t s = divisor_at_least(kb, (3 * int64_t(sms) / 2 + nrb - 1) / nrb);
+  // Never fewer splits than the activation slice's shared memory allows.
+  int64_t s = std::max(min_splits, divisor_at_least(kb, (3 * int64_t(sms) / 2 + nrb - 1) / nrb));
   while (s > min_splits && s > cap) s = divisor_below(kb, s) < min_splits ? min_splits : divisor_below(kb, s);
   return int(s);
 }

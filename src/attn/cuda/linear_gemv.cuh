@@ -173,7 +173,13 @@ __device__ __forceinline__ void stage_activation(const GemvArgs& a, uint32_t* xs
                          __byte_perm(v.z, v.w, 0x7632));
         }
       }
-      *reinterpret_cast<uint4*>(xs + r * xstride + 4 * p) = v;
+      if constexpr (GemvKind<W>::kPadWords % 4 == 0) {
+        *reinterpret_cast<uint4*>(xs + r * xstride + 4 * p) = v;
+      } else {  // rows only 8-byte aligned (kW8A16 reads them 8 bytes at a time)
+        uint2* dst = reinterpret_cast<uint2*>(xs + r * xstride + 4 * p);
+        dst[0] = make_uint2(v.x, v.y);
+        dst[1] = make_uint2(v.z, v.w);
+      }
     }
   }
 }
