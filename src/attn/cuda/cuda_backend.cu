@@ -291,6 +291,7 @@ class CudaBackend final : public AttentionBackend {
     r.h = bufs_.h, r.h_ld = config_.hidden_size;
     r.y = bufs_.y, r.y_ld = config_.hidden_size;
     r.eps = float(config_.rms_norm_eps);
+    r.x = bufs_.x, r.x_ld = config_.hidden_size;  // unused: the op writes an x
     cuda::residual_norm_cuda(r, stream_);
     pending_y_ = false;
   }
