@@ -598,6 +598,31 @@ TEST_F(LinearCudaTest, W8A16SmallShapesAllVariants) {
   check_w8a16("wo_a 2x[256,384]", 2, 256, 384, {1, 7, 8, 33, 64, 65, 130}, 32);
 }
 
+// The `small` preset's shapes (hidden 1024, q_lora 256, 4 groups of 256 x 2048):
+// the engine's GPU-vs-CPU test runs them.
+TEST_F(LinearCudaTest, SmallPresetShapes) {
+  std::mt19937_64 rng(41);
+  const std::vector<int> ms = {1, 3, 8, 17, 40, 300};
+  const std::vector<LinearPath> paths = {LinearPath::kSmallM, LinearPath::kCublas, LinearPath::kAuto};
+  {
+    std::vector<WeightMatrix> parts;
+    parts.push_back(random_fp8("wq_a", 256, 1024, rng));
+    parts.push_back(random_fp8("wkv", 512, 1024, rng));
+    check_fp8_linear("small wq_a+wkv", parts, ms, paths, 42);
+  }
+  {
+    std::vector<WeightMatrix> parts;
+    parts.push_back(random_fp8("wq_b", 16 * 512, 256, rng));
+    check_fp8_linear("small wq_b", parts, ms, paths, 43);
+  }
+  {
+    std::vector<WeightMatrix> parts;
+    parts.push_back(random_fp8("wo_b", 1024, 1024, rng));
+    check_fp8_linear("small wo_b", parts, ms, paths, 44);
+  }
+  check_w8a16("small wo_a 4x[256,2048]", 4, 256, 2048, ms, 45);
+}
+
 TEST_F(LinearCudaTest, W8A16FlashShape) { check_w8a16("wo_a 8x[1024,4096]", 8, 1024, 4096, {1, 8, 64, 512}, 33); }
 
 // ---- bf16 stack, fp32 output -------------------------------------------------------
