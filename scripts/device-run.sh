@@ -54,7 +54,7 @@ if has sanitize; then
     done
   done
   echo "--- memcheck dsv4 run" >>"$OUT/sanitizer.log"
-  timeout 300 compute-sanitizer --tool memcheck "$b/dsv4" run --device cuda --requests 3 --prompt 300 --gen 4 \
+  DSV4_RUNTIME_ENV=1 timeout 300 compute-sanitizer --tool memcheck "$b/dsv4" run --device cuda --requests 3 --prompt 300 --gen 4 \
     --budget 256 >>"$OUT/sanitizer.log" 2>&1
   echo "exit $?" >>"$OUT/sanitizer.log"
   grep -E "^--- |ERROR SUMMARY|RACECHECK SUMMARY|^exit|PASSED|FAILED" "$OUT/sanitizer.log"

@@ -54,7 +54,10 @@ class CpuBackend final : public AttentionBackend {
         if (prod) round_bf16(x_.data() + size_t(t) * D, size_t(D));
       }
     } else {
+      // The step's input as the layer's input: bf16 activations in production
+      // (as the GPU loads it), as given in the exact profile.
       x_ = h_;
+      if (prod) round_bf16(x_.data(), x_.size());
     }
     layers_[size_t(layer)]->forward(step_->view(), caches(layer), x_.data(), y_.data(), capture);
     if (in == LayerInput::kResidual)
