@@ -16,6 +16,8 @@
 
 #include "common/error.h"
 #include "common/text.h"
+#include "numerics/ue8m0.h"
+#include "numerics/bf16.h"
 #include "model/files.h"
 #include "model/json_reader.h"
 
@@ -49,12 +51,6 @@ const DTypeInfo& info(DType t) {
   for (const auto& d : kDTypes)
     if (d.type == t) return d;
   throw Error("invalid DType value " + std::to_string(int(t)));
-}
-
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 // numel x element size, or nullopt when it does not fit in 64 bits.
@@ -208,6 +204,32 @@ DType parse_dtype(std::string_view name) {
   for (const auto& d : kDTypes)
     if (d.name == name) return d.type;
   throw Error("unknown dtype '" + shown(name) + "'");
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::vector<float> TensorView::floats() const {
+  const size_t n = size_t(numel());
+  std::vector<float> out(n);
+  const uint8_t* p = bytes.data();
+  for (size_t i = 0; i < n; ++i) {
+    if (dtype == DType::kBF16) {
+      uint16_t b;
+      std::memcpy(&b, p + 2 * i, 2);
+      out[i] = bf16_to_float(b);
+    } else if (dtype == DType::kF32) {
+      std::memcpy(&out[i], p + 4 * i, 4);
+    } else if (dtype == DType::kF8E8M0) {
+      out[i] = ue8m0_to_float(p[i]);
+    } else {
+      throw Error(file + ": tensor '" + shown(name) + "': cannot read " + std::string(dtype_name(dtype)) + " as float");
+    }
+  }
+  return out;
 }
 
 int64_t TensorView::numel() const {

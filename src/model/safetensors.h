@@ -19,7 +19,9 @@ namespace dsv4 {
 
 enum class DType { kBool, kU8, kI8, kI16, kI32, kI64, kF16, kBF16, kF32, kF64, kF8E4M3, kF8E5M2, kF8E8M0 };
 
-std::string_view dtype_name(DType t);  // the safetensors spelling: "BF16", "F8_E4M3", ...
+std::string_view dtype_name(DType t);
+// "[a, b, c]": a shape as messages show it.
+std::string shape_string(const std::vector<int64_t>& shape);  // the safetensors spelling: "BF16", "F8_E4M3", ...
 size_t dtype_size(DType t);            // bytes per element
 // Parses a safetensors dtype name; throws Error for an unknown one.
 DType parse_dtype(std::string_view name);
@@ -32,6 +34,9 @@ struct TensorView {
   std::string file;                // file it lives in, for messages
 
   int64_t numel() const;
+  // Every element as a float (F32, BF16 or F8_E8M0 tensors); throws Error
+  // naming the tensor for any other dtype.
+  std::vector<float> floats() const;
   std::string describe() const;  // "name [a, b] DTYPE"
 };
 

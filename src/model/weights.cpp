@@ -10,21 +10,15 @@
 #include <numbers>
 
 #include "common/error.h"
+#include "common/hash.h"
 #include "numerics/bf16.h"
 #include "numerics/e4m3.h"
 #include "numerics/quant.h"
-#include "numerics/ue8m0.h"
 
 namespace dsv4 {
 namespace {
 
 constexpr int64_t kBlock = 128;  // FP8 weight block: 128 x 128
-
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -64,27 +58,6 @@ std::string dtype_list(const std::vector<DType>& types) {
   return s;
 }
 
-// BF16, F32 or F8_E8M0 bytes as floats; the bytes may be unaligned in the file.
-std::vector<float> to_floats(const TensorView& t) {
-  const size_t n = size_t(t.numel());
-  std::vector<float> out(n);
-  const uint8_t* p = t.bytes.data();
-  for (size_t i = 0; i < n; ++i) {
-    if (t.dtype == DType::kBF16) {
-      uint16_t b;
-      std::memcpy(&b, p + 2 * i, 2);
-      out[i] = bf16_to_float(b);
-    } else if (t.dtype == DType::kF32) {
-      std::memcpy(&out[i], p + 4 * i, 4);
-    } else if (t.dtype == DType::kF8E8M0) {
-      out[i] = ue8m0_to_float(p[i]);
-    } else {
-      throw Error(t.file + ": tensor '" + t.name + "': cannot read " + std::string(dtype_name(t.dtype)) + " as float");
-    }
-  }
-  return out;
-}
-
 // Finds a tensor and checks its dtype and shape against what is expected.
 const TensorView& checked(const Checkpoint& ckpt, const std::string& name, const std::vector<int64_t>& shape,
                           const std::vector<DType>& dtypes) {
@@ -104,7 +77,7 @@ std::vector<float> load_scales(const Checkpoint& ckpt, const TensorView& weight,
           weight.file + ": tensor '" + weight.name + "' is F8_E4M3 but its scale '" + sname + "' is missing");
   const std::vector<int64_t> shape = {(rows + kBlock - 1) / kBlock, (cols + kBlock - 1) / kBlock};
   const TensorView& s = checked(ckpt, sname, shape, {DType::kF8E8M0, DType::kF32});
-  std::vector<float> scales = to_floats(s);
+  std::vector<float> scales = s.floats();
   for (size_t i = 0; i < scales.size(); ++i)
     DSV4_REQUIRE(std::isfinite(scales[i]) && scales[i] > 0, s.file + ": tensor '" + sname + "' holds " +
                                                            std::to_string(scales[i]) + " at block " +
@@ -143,7 +116,7 @@ class CheckpointSource : public TensorSource {
   }
 
   std::vector<float> floats(const TensorSpec& spec) override {
-    return to_floats(checked(ckpt_, spec.name, spec.shape, allowed_dtypes(spec.kind)));
+    return checked(ckpt_, spec.name, spec.shape, allowed_dtypes(spec.kind)).floats();
   }
 
  private:
@@ -152,15 +125,7 @@ class CheckpointSource : public TensorSource {
 
 // ---- synthetic weights ---------------------------------------------------------
 
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
-
-// The splitmix64 finalizer: a counter-based generator, so element i of a
-// tensor is the same however the loops are split across threads.
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+constexpr uint64_t kGolden = kGoldenGamma;
 
 uint64_t name_hash(const std::string& name) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a

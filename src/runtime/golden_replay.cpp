@@ -189,17 +189,6 @@ void validate_golden_case(const GoldenCase& gc) {
 
 namespace {
 
-std::vector<float> to_floats(const TensorView& v) {
-  std::vector<float> out(size_t(v.numel()));
-  const uint8_t* b = v.bytes.data();
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (v.dtype == DType::kF32) std::memcpy(&out[i], b + 4 * i, 4);
-    else if (v.dtype == DType::kBF16) out[i] = bf16_to_float(uint16_t(b[2 * i] | (b[2 * i + 1] << 8)));
-    else throw Error("golden tensor '" + v.name + "' has unexpected dtype " + std::string(dtype_name(v.dtype)));
-  }
-  return out;
-}
-
 // Both sizes equal and every value finite (metric() checks that first).
 double rel_l2(const std::vector<float>& ours, const std::vector<float>& ref) {
   double num = 0, den = 0;
@@ -294,7 +283,7 @@ class Replayer {
       const std::string key = "input.r" + std::to_string(r) + ".c" + std::to_string(ch.call);
       const TensorView* in = golden(r, key);
       DSV4_REQUIRE(in != nullptr, "golden case " + gc_.name + ": missing tensor '" + key + "'");
-      const std::vector<float> all = to_floats(*in);
+      const std::vector<float> all = in->floats();
       x.insert(x.end(), all.begin() + size_t(ch.offset) * D, all.begin() + size_t(ch.offset + ch.len) * D);
     }
     std::vector<RunError> errors;
@@ -367,7 +356,7 @@ class Replayer {
       result_.metrics.push_back(m);
       return;
     }
-    const std::vector<float> g = to_floats(*ref);
+    const std::vector<float> g = ref->floats();
     m.count = int64_t(g.size());
     m.nonfinite += count_nonfinite(g);
     if (ours.size() != g.size()) {

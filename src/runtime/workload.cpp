@@ -1,5 +1,7 @@
 #include "runtime/workload.h"
 
+#include "common/hash.h"
+
 #include <chrono>
 #include <cmath>
 #include <numbers>
@@ -7,13 +9,6 @@
 
 namespace dsv4 {
 namespace {
-
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
