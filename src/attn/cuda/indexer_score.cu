@@ -72,7 +72,7 @@ struct Misc {
   int tok_n[kGroupTokens];                 // visible keys
   int count[kConsumers][kGroupTokens];     // candidates in each buffer
   uint64_t tau[kConsumers][kGroupTokens];  // threshold: candidates must beat it (0: none yet)
-  uint32_t sel[kConsumers + 1][2];
+  uint32_t sel[kConsumers + 1][2];         // with hist(i): [wg] warpgroup wg's compact, [kConsumers] write_lists
 };
 constexpr int kOffQ = 0;
 constexpr int kOffStage = kOffQ + kGroupTokens * kQTileBytes;
@@ -578,6 +578,14 @@ __global__ void __launch_bounds__(kScoreThreads, 1) score_kernel(const SelectArg
   const Smem s{reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
   Misc* m = s.misc<kFp8>();
   if (threadIdx.x == 0) m->out_count = 0;
+  // m->unit: thread 0 writes it before the barrier below, every thread reads
+  // it after; the next write comes after the CTA barriers in load_queries,
+  // after consume and in write_lists, all passed after those reads.
+  // (compute-sanitizer racecheck reports this pair, and hist(2) / sel[2] in
+  // write_lists, as hazards. Each is ordered by a __syncthreads of all 256
+  // threads, and the same radix_kth under __syncthreads in finalize_kernel
+  // is reported clean: the tool seems to mis-pair barrier 0 once the two
+  // warpgroups have passed different numbers of their named barriers 1 + wg.)
   for (;;) {
     if (threadIdx.x == 0) m->unit = atomicAdd(&a.ws.counters->next_unit, 1);
     __syncthreads();

@@ -47,8 +47,12 @@ __device__ __forceinline__ void radix_find(const uint32_t* hist, uint32_t* sel, 
 // The k-th largest key among the keys that `visit` enumerates, over the
 // threads tid = 0 .. nthreads - 1 that call it together (sync() is their
 // barrier). visit(f) calls f(key) for every key this thread holds (0 =
-// empty, skipped). hist: 2^kBits words, sel: 2 words of shared memory.
-// Needs 1 <= k <= number of keys. Digits of kBits from bit 33 down.
+// empty, skipped). hist: 2^kBits words, sel: 2 words of shared memory,
+// used by no other thread while this runs. Needs 1 <= k <= number of keys.
+// Digits of kBits from bit 33 down. Three barriers per digit order every
+// reuse: hist is zeroed before [1], counted before [2], read by radix_find
+// before [3] and zeroed again only after [3]; sel is written before [3],
+// read after it, and written again only after the next digit's [1] and [2].
 template <int kBits, typename Visit, typename Sync>
 __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_t* sel, int tid, int nthreads,
                               Sync&& sync) {
@@ -58,13 +62,13 @@ __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_
     const int width = hi < kBits ? hi : kBits, shift = hi - width;
     const uint32_t digit_mask = (1u << width) - 1u;
     for (int i = tid; i < (1 << kBits); i += nthreads) hist[i] = 0;
-    sync();
+    sync();  // [1]
     visit([&](uint64_t key) {
       if ((key & mask) == prefix) atomicAdd(hist + ((key >> shift) & digit_mask), 1u);
     });
-    sync();
+    sync();  // [2]
     if (tid < 32) radix_find<kBits>(hist, sel, need, tid);
-    sync();
+    sync();  // [3]
     const uint32_t d = sel[0];
     need = sel[1];
     prefix |= uint64_t(d) << shift;
