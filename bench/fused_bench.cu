@@ -37,18 +37,11 @@
 #include "cache/index_key_format.h"
 #include "numerics/rope.h"
 
+#include "bench_util.cuh"
+
 namespace {
 
-#define CHECK(expr)                                                                                \
-  do {                                                                                             \
-    const cudaError_t e_ = (expr);                                                                 \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
-
-constexpr double kPeakBytes = 4.3e12;  // measured device-to-device copy
+using dsv4::bench::kPeakBytes;
 constexpr double kRotateBytes = 256e6;
 constexpr int kMinLaunches = 20;
 constexpr int kMaxCopies = 64;
@@ -57,19 +50,10 @@ constexpr int kQLora = 1024, kHeads = 64, kHidden = 4096;
 
 // ---- device data ------------------------------------------------------------
 
-__device__ uint32_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return uint32_t(x);
-}
-
 // bf16 in +-[2^-4, 2^4).
 __global__ void fill_bf16(uint16_t* p, size_t n, uint64_t seed) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const uint32_t r = mix(seed ^ (uint64_t(i) << 8));
+    const uint32_t r = dsv4::bench::mix32(seed ^ (uint64_t(i) << 8));
     p[i] = uint16_t(((r & 1) << 15) | ((123 + (r >> 1) % 8) << 7) | ((r >> 4) & 0x7f));
   }
 }
@@ -77,7 +61,7 @@ __global__ void fill_bf16(uint16_t* p, size_t n, uint64_t seed) {
 // fp32 in +-[0.25, 4).
 __global__ void fill_f32(float* p, size_t n, uint64_t seed) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const uint32_t r = mix(seed ^ (uint64_t(i) << 8));
+    const uint32_t r = dsv4::bench::mix32(seed ^ (uint64_t(i) << 8));
     p[i] = __uint_as_float(((r & 1) << 31) | ((125 + (r >> 1) % 4) << 23) | ((r >> 3) & 0x7fffff));
   }
 }
@@ -314,32 +298,9 @@ Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::Comp
 // Median µs of one call over graph replays; the calls rotate over the instances.
 double time_calls(std::vector<std::unique_ptr<Instance>>& inst, cudaStream_t s) {
   const int launches = std::max<int>(kMinLaunches, int(inst.size()));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < launches; ++i) inst[size_t(i) % inst.size()]->run(s);
-  CHECK(cudaStreamEndCapture(s, &g));
-  CHECK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(ge, s));
-  std::vector<double> t;
-  for (int i = 0; i < 25; ++i) {
-    CHECK(cudaEventRecord(e0, s));
-    CHECK(cudaGraphLaunch(ge, s));
-    CHECK(cudaEventRecord(e1, s));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms * 1000.0 / launches);
-  }
-  std::sort(t.begin(), t.end());
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  return t[t.size() / 2];
+  return dsv4::bench::graph_median_us(s, launches, 25, [&](cudaStream_t st) {
+    for (int i = 0; i < launches; ++i) inst[size_t(i) % inst.size()]->run(st);
+  });
 }
 
 void run_case(const Case& c, cudaStream_t s) {

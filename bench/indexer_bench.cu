@@ -34,31 +34,15 @@
 
 #include "attn/cuda/indexer_select_cuda.h"
 
-namespace {
+#include "bench_util.cuh"
 
-#define CHECK(expr)                                                                                \
-  do {                                                                                             \
-    const cudaError_t e_ = (expr);                                                                 \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
+namespace {
 
 constexpr int kMaxReps = 20;
 constexpr int kTimings = 9;
-constexpr double kPeakBytes = 4.3e12;    // measured device-to-device copy
-constexpr double kPeakFlops = 1270e12;   // dense FP8 (per-tensor FP8 GEMM at 8192^3, SPEC §8)
+using dsv4::bench::kPeakBytes;
+constexpr double kPeakFlops = dsv4::bench::kPeakFp8;
 constexpr double kL2Bytes = 50e6;
-
-__device__ uint32_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return uint32_t(x);
-}
 
 // Key pages: random codes; MXFP4 scale bytes 124..126 (blocks within 2
 // binades, the fast path), FP8 scales 2^-8 and no NaN codes.
@@ -69,7 +53,7 @@ __global__ void fill_pages(uint8_t* base, int64_t pages, size_t stride, bool fp8
   const int t = int(i % 64);
   const int code_bytes = fp8 ? 128 : 64;
   for (int k = 0; k < code_bytes; k += 4) {
-    uint32_t w = mix(seed ^ (uint64_t(i) << 8) ^ uint64_t(k));
+    uint32_t w = dsv4::bench::mix32(seed ^ (uint64_t(i) << 8) ^ uint64_t(k));
     if (fp8) w &= 0xf7f7f7f7u;  // clears bit 3 of every byte: no 0x7f / 0xff
     std::memcpy(page + size_t(code_bytes) * t + k, &w, 4);
   }
@@ -78,7 +62,7 @@ __global__ void fill_pages(uint8_t* base, int64_t pages, size_t stride, bool fp8
     const float s = 0x1p-8f;
     std::memcpy(sc, &s, 4);
   } else {
-    for (int b = 0; b < 4; ++b) sc[b] = uint8_t(124 + mix(seed ^ (uint64_t(i) << 8) ^ uint64_t(200 + b)) % 3);
+    for (int b = 0; b < 4; ++b) sc[b] = uint8_t(124 + dsv4::bench::mix32(seed ^ (uint64_t(i) << 8) ^ uint64_t(200 + b)) % 3);
   }
 }
 
@@ -87,7 +71,7 @@ __global__ void fill_queries(uint8_t* codes, uint8_t* scales, float* weights, in
   if (e >= records) return;
   const int code_bytes = fp8 ? 128 : 64;
   for (int k = 0; k < code_bytes; k += 4) {
-    uint32_t w = mix(seed ^ (uint64_t(e) << 8) ^ uint64_t(k));
+    uint32_t w = dsv4::bench::mix32(seed ^ (uint64_t(e) << 8) ^ uint64_t(k));
     if (fp8) w &= 0xf7f7f7f7u;
     std::memcpy(codes + size_t(code_bytes) * e + k, &w, 4);
   }
@@ -95,9 +79,9 @@ __global__ void fill_queries(uint8_t* codes, uint8_t* scales, float* weights, in
     const float s = 0x1p-6f;
     std::memcpy(scales + 4 * e, &s, 4);
   } else {
-    for (int b = 0; b < 4; ++b) scales[4 * e + b] = uint8_t(125 + mix(seed ^ (uint64_t(e) << 8) ^ uint64_t(300 + b)) % 2);
+    for (int b = 0; b < 4; ++b) scales[4 * e + b] = uint8_t(125 + dsv4::bench::mix32(seed ^ (uint64_t(e) << 8) ^ uint64_t(300 + b)) % 2);
   }
-  const uint32_t r = mix(seed ^ uint64_t(e) ^ 0x77);
+  const uint32_t r = dsv4::bench::mix32(seed ^ uint64_t(e) ^ 0x77);
   weights[e] = __uint_as_float((uint32_t((r & 1) << 31)) | (uint32_t(119 + (r >> 1) % 4) << 23) | ((r >> 8) & 0x7f) << 16);
 }
 
@@ -197,39 +181,18 @@ enum class Stage { kCall, kPlan, kPlanScore, kPlanScoreOnly, kFinalize };
 // lists the last call left.
 double time_stage(dsv4::IndexerSelectCuda& op, const World& w, Stage stage, int reps, cudaStream_t s) {
   for (const auto& p : w.params) op.run(p, s);
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < reps; ++i) {
-    const auto& p = w.params[size_t(i % w.rotations)];
-    switch (stage) {
-      case Stage::kCall: op.run(p, s); break;
-      case Stage::kPlan: op.plan(p, s); break;
-      case Stage::kPlanScore: op.plan(p, s); op.score(p, s); break;
-      case Stage::kPlanScoreOnly: op.plan(p, s); op.score(p, s, true); break;
-      case Stage::kFinalize: op.finalize(p, s); break;
+  return dsv4::bench::graph_median_us(s, reps, kTimings, [&](cudaStream_t st) {
+    for (int i = 0; i < reps; ++i) {
+      const auto& p = w.params[size_t(i % w.rotations)];
+      switch (stage) {
+        case Stage::kCall: op.run(p, st); break;
+        case Stage::kPlan: op.plan(p, st); break;
+        case Stage::kPlanScore: op.plan(p, st); op.score(p, st); break;
+        case Stage::kPlanScoreOnly: op.plan(p, st); op.score(p, st, true); break;
+        case Stage::kFinalize: op.finalize(p, st); break;
+      }
     }
-  }
-  CHECK(cudaStreamEndCapture(s, &g));
-  CHECK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  CHECK(cudaGraphLaunch(ge, s));  // warm-up
-  std::vector<float> ms(kTimings);
-  for (int i = 0; i < kTimings; ++i) {
-    CHECK(cudaEventRecord(e0, s));
-    CHECK(cudaGraphLaunch(ge, s));
-    CHECK(cudaEventRecord(e1, s));
-    CHECK(cudaEventSynchronize(e1));
-    CHECK(cudaEventElapsedTime(&ms[size_t(i)], e0, e1));
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  return double(ms[ms.size() / 2]) * 1e3 / reps;
+  });
 }
 
 // Calls per graph: kMaxReps, fewer when a call takes more than a millisecond.

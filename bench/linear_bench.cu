@@ -33,33 +33,17 @@
 #include "attn/cuda/linear.h"
 #include "model/weights.h"
 
-namespace {
+#include "bench_util.cuh"
 
-#define CHECK(expr)                                                                                \
-  do {                                                                                             \
-    const cudaError_t e_ = (expr);                                                                 \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
+namespace {
 
 using namespace dsv4;
 using namespace dsv4::cuda;
 
-constexpr double kPeakBytes = 4.3e12;
-constexpr double kPeakFp8 = 1270e12;
-constexpr double kPeakBf16 = 790e12;
+using bench::kPeakBf16;
+using bench::kPeakBytes;
+using bench::kPeakFp8;
 constexpr double kRotateBytes = 256e6;
-
-uint64_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return x;
-}
 
 // Random e4m3 codes (no NaN) with power-of-two block scales 2^-10 .. 2^-6.
 WeightMatrix host_fp8(const std::string& name, int64_t rows, int64_t cols, uint64_t seed) {
@@ -69,7 +53,7 @@ WeightMatrix host_fp8(const std::string& name, int64_t rows, int64_t cols, uint6
   w.dtype = DType::kF8E4M3;
   w.owned.resize(size_t(rows * cols));
   for (size_t i = 0; i < w.owned.size(); i += 8) {
-    const uint64_t r = mix(seed ^ i);
+    const uint64_t r = mix64(seed ^ i);
     for (size_t b = 0; b < 8 && i + b < w.owned.size(); ++b) {
       uint8_t c = uint8_t(r >> (8 * b));
       if ((c & 0x7f) == 0x7f) c ^= 1;
@@ -78,7 +62,7 @@ WeightMatrix host_fp8(const std::string& name, int64_t rows, int64_t cols, uint6
   }
   w.data = w.owned;
   w.block_scales.resize(size_t(((rows + 127) / 128) * ((cols + 127) / 128)));
-  for (size_t i = 0; i < w.block_scales.size(); ++i) w.block_scales[i] = std::ldexp(1.0f, -6 - int(mix(seed + i) % 5));
+  for (size_t i = 0; i < w.block_scales.size(); ++i) w.block_scales[i] = std::ldexp(1.0f, -6 - int(mix64(seed + i) % 5));
   return w;
 }
 
@@ -90,7 +74,7 @@ WeightMatrix host_bf16(const std::string& name, int64_t rows, int64_t cols, uint
   w.dtype = DType::kBF16;
   w.owned.resize(size_t(rows * cols) * 2);
   for (size_t i = 0; i < size_t(rows * cols); ++i) {
-    const uint64_t r = mix(seed ^ (i * 0x9e3779b97f4a7c15ull));
+    const uint64_t r = mix64(seed ^ (i * 0x9e3779b97f4a7c15ull));
     const uint16_t bits = uint16_t(((r & 1) << 15) | ((119 + ((r >> 1) % 2)) << 7) | ((r >> 3) & 0x7f));
     std::memcpy(w.owned.data() + 2 * i, &bits, 2);
   }
@@ -233,31 +217,9 @@ double time_calls(Copies& c, int m, int64_t in, int64_t out, const Buffers& b, L
   const int calls = int(std::max<size_t>(20, copies) / copies * copies);
   for (size_t i = 0; i < copies; ++i) call(c, i, m, in, out, b, ws, st);  // plans, warm-up
   CHECK(cudaStreamSynchronize(st));
-  cudaGraph_t graph;
-  CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < calls; ++i) call(c, size_t(i) % copies, m, in, out, b, ws, st);
-  CHECK(cudaStreamEndCapture(st, &graph));
-  cudaGraphExec_t exec;
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<double> samples;
-  for (int r = 0; r < reps + 3; ++r) {
-    CHECK(cudaEventRecord(e0, st));
-    CHECK(cudaGraphLaunch(exec, st));
-    CHECK(cudaEventRecord(e1, st));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (r >= 3) samples.push_back(1e3 * ms / calls);
-  }
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  return bench::graph_median_us(st, calls, reps, [&](cudaStream_t s) {
+    for (int i = 0; i < calls; ++i) call(c, size_t(i) % copies, m, in, out, b, ws, s);
+  });
 }
 
 std::string route_text(const LinearRoute& r) {

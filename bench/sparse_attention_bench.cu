@@ -34,33 +34,17 @@
 #include "attn/cuda/sparse_mla_internal.cuh"
 #include "cache/fp8_ds_mla.h"
 
+#include "bench_util.cuh"
+
 namespace {
 
 // --single-cta: H = 128 without clusters, for comparison (a run option, not
 // process state the library reads).
 bool g_single_ctas = false;
 
-#define CHECK(expr)                                                                                \
-  do {                                                                                             \
-    const cudaError_t e_ = (expr);                                                                 \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
-
 constexpr int kReps = 20;
-constexpr double kPeakFlops = 790e12;  // measured bf16 dense on this H200 (KINDS.md)
-constexpr double kPeakBytes = 4.3e12;  // measured device-to-device copy
-
-__device__ uint32_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return uint32_t(x);
-}
+constexpr double kPeakFlops = dsv4::bench::kPeakBf16;
+using dsv4::bench::kPeakBytes;
 
 // Fills every entry of a pool of fp8_ds_mla pages with plausible data.
 __global__ void fill_pages(uint8_t* base, int64_t entries, int per_page, size_t stride, uint64_t seed) {
@@ -70,7 +54,7 @@ __global__ void fill_pages(uint8_t* base, int64_t entries, int per_page, size_t 
   const int t = int(i % per_page);
   uint8_t* data = page + size_t(576) * t;
   for (int k = 0; k < 448; k += 4) {
-    uint32_t w = mix(seed ^ (uint64_t(i) << 12) ^ uint64_t(k));
+    uint32_t w = dsv4::bench::mix32(seed ^ (uint64_t(i) << 12) ^ uint64_t(k));
     for (int b = 0; b < 4; ++b) {
       uint8_t c = uint8_t(w >> (8 * b));
       if ((c & 0x7f) == 0x7f) c ^= 1;  // no NaN codes
@@ -78,20 +62,20 @@ __global__ void fill_pages(uint8_t* base, int64_t entries, int per_page, size_t 
     }
   }
   for (int k = 0; k < 64; ++k) {  // bf16 in +-[0.5, 2)
-    const uint32_t r = mix(seed ^ (uint64_t(i) << 12) ^ uint64_t(1000 + k));
+    const uint32_t r = dsv4::bench::mix32(seed ^ (uint64_t(i) << 12) ^ uint64_t(1000 + k));
     const uint16_t bits = uint16_t(((r & 1) << 15) | ((126 + ((r >> 1) & 1)) << 7) | ((r >> 2) & 0x7f));
     data[448 + 2 * k] = uint8_t(bits);
     data[449 + 2 * k] = uint8_t(bits >> 8);
   }
   uint8_t* sc = page + size_t(576) * per_page + size_t(8) * t;
-  for (int b = 0; b < 7; ++b) sc[b] = uint8_t(117 + mix(seed ^ (uint64_t(i) << 12) ^ uint64_t(2000 + b)) % 7);
+  for (int b = 0; b < 7; ++b) sc[b] = uint8_t(117 + dsv4::bench::mix32(seed ^ (uint64_t(i) << 12) ^ uint64_t(2000 + b)) % 7);
   sc[7] = 0;
 }
 
 __global__ void fill_bf16(uint16_t* q, size_t n, uint64_t seed) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const uint32_t r = mix(seed ^ i);
+  const uint32_t r = dsv4::bench::mix32(seed ^ i);
   q[i] = uint16_t(((r & 1) << 15) | ((125 + ((r >> 1) % 3)) << 7) | ((r >> 3) & 0x7f));
 }
 
@@ -224,32 +208,9 @@ void free_problem(Problem& pr) {
 // Median time of one call (µs) of `body`, captured kReps times in a graph.
 template <typename F>
 double time_graph(cudaStream_t s, F body, int replays = 30) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < kReps; ++i) body();
-  CHECK(cudaStreamEndCapture(s, &g));
-  CHECK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(ge, s));
-  std::vector<double> t;
-  for (int i = 0; i < replays; ++i) {
-    CHECK(cudaEventRecord(e0, s));
-    CHECK(cudaGraphLaunch(ge, s));
-    CHECK(cudaEventRecord(e1, s));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms * 1000.0 / kReps);
-  }
-  std::sort(t.begin(), t.end());
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  return t[t.size() / 2];
+  return dsv4::bench::graph_median_us(s, kReps, replays, [&](cudaStream_t) {
+    for (int i = 0; i < kReps; ++i) body();
+  });
 }
 
 struct Result {

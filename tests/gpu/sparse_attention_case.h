@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/cuda_device.h"
 #include "../support/attention_reference.h"
 #include "attn/cuda/sparse_attention_cuda.h"
 #include "attn/sparse_attention.h"
@@ -31,11 +32,6 @@ namespace dsv4::test {
     const cudaError_t e_ = (expr);                                                   \
     ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);           \
   } while (0)
-
-inline bool have_cuda_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 struct CaseSpec {
   int tokens = 8;

@@ -25,15 +25,11 @@
 #include <string>
 #include <vector>
 
+#include "support/cuda_device.h"
 #include "numerics/bf16.h"
 #include "numerics/rope.h"
 
 namespace dsv4::test::fused {
-
-inline bool have_cuda_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 inline void cuda_ok(cudaError_t e, const std::string& what) {
   if (e != cudaSuccess) throw std::runtime_error(what + ": " + cudaGetErrorString(e));

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "support/cuda_device.h"
 #include "attn/cpu/indexer_twin.h"
 #include "attn/cuda/indexer_queries_cuda.h"
 #include "attn/cuda/indexer_select_cuda.h"
@@ -38,11 +39,6 @@ namespace {
     const cudaError_t e_ = (expr);                                                                \
     if (e_ != cudaSuccess) throw Error(std::string(#expr) + ": " + cudaGetErrorString(e_));       \
   } while (0)
-
-bool cuda_device_present() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 constexpr size_t kGuard = 4096;      // bytes checked behind every output
 constexpr uint8_t kGuardByte = 0xcd;
@@ -82,7 +78,7 @@ uint32_t poison_word() { return 0x5a5a5a5au; }
 class IndexerCudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+    if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   }
 };
 

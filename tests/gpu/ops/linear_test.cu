@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "support/cuda_device.h"
 #include "attn/cpu/linear.h"
 #include "attn/cpu/sgemm.h"
 #include "attn/cuda/linear.h"
@@ -71,11 +72,6 @@ constexpr double kECublasBf16 = 0x1p-16;
 constexpr uint16_t kPoison16 = 0x7fc1;  // a bf16 NaN
 constexpr uint32_t kPoison32 = 0x7fc00001u;  // an fp32 NaN
 constexpr uint8_t kPoison8 = 0x7f;      // the e4m3 NaN
-
-bool have_cuda_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
