@@ -9,7 +9,8 @@
 #     STEPS: comma list of build, test, sanitize, verify, bench, step, prefill1m
 #            (default: build,test,verify,sanitize,bench)
 #   env: BUILD_DIR (default build-dev), TEST_FILTER (gtest filter for the GPU
-#        test binaries), BENCH (space list of benchmarks, default all), JOBS
+#        test binaries), SANITIZE_FILTER, BENCH (space list of benchmarks,
+#        default all), BENCH_ARGS, STEP_ARGS, PREFILL_LEN (default 1048560), JOBS
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -75,5 +76,5 @@ if has step; then
 fi
 if has prefill1m; then
   echo "== 1M prefill"
-  timeout 590 "$b/step_bench" --prefill-1m --json "$OUT/prefill1m.json" 2>&1 | tee "$OUT/prefill1m.log"
+  timeout 590 "$b/step_bench" --prefill ${PREFILL_LEN:-1048560} --json "$OUT/prefill1m.json" 2>&1 | tee "$OUT/prefill1m.log"
 fi
