@@ -32,14 +32,7 @@ bool Bf16Linear::Impl::run_cublas(const uint16_t* x, int64_t ldx, int m, float* 
   p.m = rows, p.n = m, p.k = cols;
   p.lda = cols, p.ldb = ldx, p.ldd = ldy;
   p.workspace_bytes = ws.cublas_bytes();
-  LtMatmul& plan = plans.get(p);
-  if (!plan.supported()) {
-    route.note = plan.reason();
-    return false;
-  }
-  plan.run(w.get(), nullptr, x, nullptr, y, ws.cublas(), stream);
-  route.cublas_rows = m;
-  return true;
+  return detail::run_lt_bf16(plans, p, w.get(), x, y, ws, m, stream, route);
 }
 
 Bf16Linear::Bf16Linear(std::span<const WeightMatrix* const> parts, const LinearOptions& options)
@@ -64,9 +57,7 @@ void Bf16Linear::forward(const uint16_t* x, int64_t ldx, int m, float* y, int64_
   im.route = LinearRoute{};
   im.route.rows = m;
   if (m == 0) return;
-  DSV4_REQUIRE(x != nullptr && detail::aligned(x, 16) && ldx % 8 == 0,
-          who + ": input must be 16-byte aligned with a row stride of a multiple of 8 elements");
-  DSV4_REQUIRE(ldx >= im.cols, who + ": input row stride smaller than the input columns");
+  detail::check_bf16_input(who, x, ldx, im.cols);
   DSV4_REQUIRE(y != nullptr && detail::aligned(y, 4), who + ": output is null or misaligned");
   DSV4_REQUIRE(ldy >= im.rows, who + ": output row stride smaller than the output columns");
   ws.check_covers(needs(m), who);

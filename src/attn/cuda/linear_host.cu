@@ -153,4 +153,22 @@ DeviceMem upload_bf16(std::span<const WeightMatrix* const> parts, const std::str
   return d;
 }
 
+void check_bf16_input(const std::string& who, const void* x, int64_t ldx, int64_t cols) {
+  DSV4_REQUIRE(x != nullptr && aligned(x, 16) && ldx % 8 == 0,
+               who + ": input must be 16-byte aligned with a row stride of a multiple of 8 elements");
+  DSV4_REQUIRE(ldx >= cols, who + ": input row stride smaller than the input columns");
+}
+
+bool run_lt_bf16(LtPlans& plans, const LtProblem& p, const void* w, const void* x, void* y,
+                 const LinearWorkspace& ws, int m, CUstream_st* stream, LinearRoute& route) {
+  LtMatmul& plan = plans.get(p);
+  if (!plan.supported()) {
+    route.note = plan.reason();
+    return false;
+  }
+  plan.run(w, nullptr, x, nullptr, y, ws.cublas(), stream);
+  route.cublas_rows = m;
+  return true;
+}
+
 }  // namespace dsv4::cuda::detail

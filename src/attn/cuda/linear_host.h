@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/cuda/cublaslt_matmul.h"
 #include "attn/cuda/linear.h"
 #include "attn/cuda/linear_internal.h"
 
@@ -51,6 +52,16 @@ DeviceMem upload_bf16(std::span<const WeightMatrix* const> parts, const std::str
                       int64_t& cols);
 
 inline bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+// Throws Error naming `who` unless x (bf16, row stride ldx elements) is a
+// 16-byte aligned operand with rows of at least `cols` elements.
+void check_bf16_input(const std::string& who, const void* x, int64_t ldx, int64_t cols);
+
+// Enqueues a product of bf16 operands through the plan cached for p and
+// records it in route; false (route.note says why) when cuBLASLt does not
+// support p: the caller then runs the own kernel.
+bool run_lt_bf16(LtPlans& plans, const LtProblem& p, const void* w, const void* x, void* y,
+                 const LinearWorkspace& ws, int m, CUstream_st* stream, LinearRoute& route);
 
 // Whether the options send m rows to cuBLASLt.
 bool wants_cublas(const LinearOptions& opt, int m);

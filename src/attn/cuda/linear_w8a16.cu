@@ -63,14 +63,7 @@ bool W8A16GroupedLinear::Impl::run_cublas(const uint16_t* x, int64_t ldx, int m,
   p.lda = k_g, p.ldb = ldx, p.ldd = ldy;
   p.batch = groups, p.stride_a = n_g * k_g, p.stride_b = k_g, p.stride_d = n_g;
   p.workspace_bytes = ws.cublas_bytes();
-  LtMatmul& plan = plans.get(p);
-  if (!plan.supported()) {
-    route.note = plan.reason();
-    return false;
-  }
-  plan.run(bf16.get(), nullptr, x, nullptr, y, ws.cublas(), stream);
-  route.cublas_rows = m;
-  return true;
+  return detail::run_lt_bf16(plans, p, bf16.get(), x, y, ws, m, stream, route);
 }
 
 W8A16GroupedLinear::W8A16GroupedLinear(const WeightMatrix& w, int groups, const W8A16Options& options)
@@ -104,9 +97,7 @@ void W8A16GroupedLinear::forward(const uint16_t* x, int64_t ldx, int m, uint16_t
   im.route = LinearRoute{};
   im.route.rows = m;
   if (m == 0) return;
-  DSV4_REQUIRE(x != nullptr && detail::aligned(x, 16) && ldx % 8 == 0,
-          who + ": input must be 16-byte aligned with a row stride of a multiple of 8 elements");
-  DSV4_REQUIRE(ldx >= im.in_cols(), who + ": input row stride smaller than the input columns");
+  detail::check_bf16_input(who, x, ldx, im.in_cols());
   DSV4_REQUIRE(y != nullptr && detail::aligned(y, 2), who + ": output is null or misaligned");
   DSV4_REQUIRE(ldy >= im.out_cols(), who + ": output row stride smaller than the output columns");
   if (y_fp8) {
