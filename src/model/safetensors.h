@@ -19,9 +19,9 @@ namespace dsv4 {
 
 enum class DType { kBool, kU8, kI8, kI16, kI32, kI64, kF16, kBF16, kF32, kF64, kF8E4M3, kF8E5M2, kF8E8M0 };
 
-std::string_view dtype_name(DType t);
+std::string_view dtype_name(DType t);  // the safetensors spelling: "BF16", "F8_E4M3", ...
 // "[a, b, c]": a shape as messages show it.
-std::string shape_string(const std::vector<int64_t>& shape);  // the safetensors spelling: "BF16", "F8_E4M3", ...
+std::string shape_string(const std::vector<int64_t>& shape);
 size_t dtype_size(DType t);            // bytes per element
 // Parses a safetensors dtype name; throws Error for an unknown one.
 DType parse_dtype(std::string_view name);

@@ -25,23 +25,51 @@ void check_stride(const KvPages& cache, const IndexList& list, KvFormat f, const
   DSV4_REQUIRE(cache.page_stride >= need, std::string(what) + ": page stride smaller than a page of its entries");
 }
 
-// Appends the decoded entries of one token's list to `keys`. A slot < 0 or
-// past the cache's capacity is an empty position: nothing is read for it.
-void gather(const KvPages& cache, const IndexList& list, KvFormat f, int t, std::vector<float>& keys) {
-  if (list.width == 0) return;
-  const int len = std::clamp(list.lengths[t], 0, list.width);
-  const int32_t* idx = list.indices + size_t(t) * list.width;
-  for (int i = 0; i < len; ++i) {
-    const int64_t slot = idx[i];
-    if (slot < 0 || slot >= cache.capacity()) continue;
-    const uint8_t* page = cache.page(slot / cache.entries_per_page);
-    const int e = int(slot % cache.entries_per_page);
-    keys.resize(keys.size() + kKvDim);
-    float* dst = keys.data() + keys.size() - kKvDim;
-    if (f == KvFormat::kF32) std::memcpy(dst, page + f32_kv_page_stride(1) * size_t(e), f32_kv_page_stride(1));
-    else fp8_ds_mla_decode(page, cache.entries_per_page, e, dst);
-  }
+// One entry of the cache as 512 floats.
+void decode_entry(const KvPages& cache, KvFormat f, int64_t slot, float* dst) {
+  const uint8_t* page = cache.page(slot / cache.entries_per_page);
+  const int e = int(slot % cache.entries_per_page);
+  if (f == KvFormat::kF32) std::memcpy(dst, page + f32_kv_page_stride(1) * size_t(e), f32_kv_page_stride(1));
+  else fp8_ds_mla_decode(page, cache.entries_per_page, e, dst);
 }
+
+// The distinct entries one list of a call attends, each decoded once: the
+// tokens of a chunk share most of their window and many compressed entries,
+// so decoding per (token, entry) would repeat the same work up to the list
+// width times. A slot < 0 or past the cache's capacity is an empty position:
+// nothing is read for it.
+class DecodedEntries {
+ public:
+  DecodedEntries(const KvPages& cache, const IndexList& list, int num_tokens, KvFormat f) {
+    if (list.width == 0) return;
+    for (int t = 0; t < num_tokens; ++t) {
+      const int32_t* idx = list.indices + size_t(t) * list.width;
+      for (int i = 0, len = std::clamp(list.lengths[t], 0, list.width); i < len; ++i)
+        if (idx[i] >= 0 && idx[i] < cache.capacity()) slots_.push_back(idx[i]);
+    }
+    std::sort(slots_.begin(), slots_.end());
+    slots_.erase(std::unique(slots_.begin(), slots_.end()), slots_.end());
+    values_.resize(slots_.size() * kKvDim);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < int64_t(slots_.size()); ++i) decode_entry(cache, f, slots_[size_t(i)], values_.data() + i * kKvDim);
+  }
+
+  // Appends token t's entries of `list`, in list order, to keys.
+  void gather(const IndexList& list, int t, std::vector<float>& keys) const {
+    if (list.width == 0) return;
+    const int32_t* idx = list.indices + size_t(t) * list.width;
+    for (int i = 0, len = std::clamp(list.lengths[t], 0, list.width); i < len; ++i) {
+      const auto it = std::lower_bound(slots_.begin(), slots_.end(), int64_t(idx[i]));
+      if (it == slots_.end() || *it != idx[i]) continue;  // an empty position
+      const float* v = values_.data() + size_t(it - slots_.begin()) * kKvDim;
+      keys.insert(keys.end(), v, v + kKvDim);
+    }
+  }
+
+ private:
+  std::vector<int64_t> slots_;  // sorted, distinct, inside the cache
+  std::vector<float> values_;   // [slots_.size(), kKvDim]
+};
 
 // Every token: gather its entries, attend all heads. load_q(t, q) fills the
 // token's [H, 512] query, store(t, out) takes its output.
@@ -49,14 +77,15 @@ template <typename LoadQ, typename Store>
 void attend_tokens(const SparseAttentionParams& p, KvFormat f, bool production, LoadQ load_q, Store store) {
   const int H = p.num_heads;
   const AttendOptions opt{p.softmax_scale, production};
+  const DecodedEntries swa(p.swa_cache, p.swa, p.num_tokens, f), extra(p.extra_cache, p.extra, p.num_tokens, f);
 #pragma omp parallel
   {
     std::vector<float> keys, q(size_t(H) * kKvDim), out(size_t(H) * kKvDim), scratch;
 #pragma omp for schedule(dynamic)
     for (int t = 0; t < p.num_tokens; ++t) {
       keys.clear();
-      gather(p.swa_cache, p.swa, f, t, keys);
-      gather(p.extra_cache, p.extra, f, t, keys);
+      swa.gather(p.swa, t, keys);
+      extra.gather(p.extra, t, keys);
       const int n = int(keys.size() / kKvDim);
       scratch.resize(size_t(H) * size_t(std::max(n, 1)));
       load_q(t, q.data());
