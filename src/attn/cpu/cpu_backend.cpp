@@ -1,7 +1,7 @@
 #include "attn/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "attn/cpu/cpu_layer.h"
 #include "cache/host_storage.h"
@@ -32,7 +32,8 @@ class CpuBackend final : public AttentionBackend {
     y_.assign(n, 0.0f);
   }
 
-  void set_input(const float* x) override { std::memcpy(h_.data(), x, h_.size() * sizeof(float)); }
+  // copy_n, not memcpy: an empty step passes null pointers with no elements.
+  void set_input(const float* x) override { std::copy_n(x, h_.size(), h_.data()); }
 
   void begin_layers(bool timed) override {
     timed_ = timed;
@@ -68,8 +69,8 @@ class CpuBackend final : public AttentionBackend {
 
   void fill_caches_synthetic(uint64_t seed) override { storage_.fill_synthetic(seed); }
 
-  void read_residual(float* out) override { std::memcpy(out, h_.data(), h_.size() * sizeof(float)); }
-  void read_output(float* out) override { std::memcpy(out, y_.data(), y_.size() * sizeof(float)); }
+  void read_residual(float* out) override { std::copy_n(h_.data(), h_.size(), out); }
+  void read_output(float* out) override { std::copy_n(y_.data(), y_.size(), out); }
 
   BackendMemory memory() const override {
     return BackendMemory{weight_bytes_, storage_.bytes_allocated(),

@@ -148,7 +148,7 @@ class CudaBackend final : public AttentionBackend {
 
   void set_input(const float* x) override {
     const size_t n = size_t(real_) * size_t(config_.hidden_size);
-    std::memcpy(host_io_, x, n * sizeof(float));
+    std::copy_n(x, n, host_io_);  // not memcpy: an empty step passes a null x
     check(cudaMemcpyAsync(bufs_.h, host_io_, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "input copy");
   }
 
@@ -300,7 +300,7 @@ class CudaBackend final : public AttentionBackend {
     const size_t n = size_t(real_) * size_t(config_.hidden_size);
     check(cudaMemcpyAsync(host_io_, d, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "output copy");
     synchronize();
-    std::memcpy(out, host_io_, n * sizeof(float));
+    std::copy_n(host_io_, n, out);
   }
 
   void ensure_events() {
