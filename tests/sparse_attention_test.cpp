@@ -121,6 +121,14 @@ TEST(SparseAttentionCpu, WindowPlusC128APages) {
   check_against_reference(p);
 }
 
+// ~100K (token, entry) pairs over ~1K distinct entries: the call decodes each
+// distinct entry once, compacting its slot list several times on the way
+// (past 2^16 pending slots); every token must still attend its own list.
+TEST(SparseAttentionCpu, ManyTokensSharingEntries) {
+  Problem p = make_problem(200, 4, 1024, 2, 5);
+  check_against_reference(p);
+}
+
 TEST(SparseAttentionCpu, BadParamsAreErrors) {
   Problem p = make_problem(2, 4, 0, 64, 4);
   SparseAttentionParams params = p.params();

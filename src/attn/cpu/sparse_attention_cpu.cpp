@@ -42,13 +42,22 @@ class DecodedEntries {
  public:
   DecodedEntries(const KvPages& cache, const IndexList& list, int num_tokens, KvFormat f) {
     if (list.width == 0) return;
+    // Sorted and made distinct whenever the list grows past twice what it
+    // held after the last pass, so it never holds much more than the
+    // distinct entries (not tokens x width).
+    size_t distinct = 0;
+    const auto make_distinct = [&] {
+      std::sort(slots_.begin(), slots_.end());
+      slots_.erase(std::unique(slots_.begin(), slots_.end()), slots_.end());
+      distinct = slots_.size();
+    };
     for (int t = 0; t < num_tokens; ++t) {
       const int32_t* idx = list.indices + size_t(t) * list.width;
       for (int i = 0, len = std::clamp(list.lengths[t], 0, list.width); i < len; ++i)
         if (idx[i] >= 0 && idx[i] < cache.capacity()) slots_.push_back(idx[i]);
+      if (slots_.size() > 2 * distinct + (size_t(1) << 16)) make_distinct();
     }
-    std::sort(slots_.begin(), slots_.end());
-    slots_.erase(std::unique(slots_.begin(), slots_.end()), slots_.end());
+    make_distinct();
     values_.resize(slots_.size() * kKvDim);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < int64_t(slots_.size()); ++i) decode_entry(cache, f, slots_[size_t(i)], values_.data() + i * kKvDim);
