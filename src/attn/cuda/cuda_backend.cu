@@ -186,16 +186,11 @@ class CudaBackend final : public AttentionBackend {
       prologue();
     }
     if (timed_) record(2 * layer);
-    cuda::ResidualNormParams r;
-    r.mode = in == LayerInput::kResidual ? cuda::ResidualMode::kAddNorm : cuda::ResidualMode::kLoad;
-    r.num_tokens = launched_;
-    r.num_real_tokens = bufs_.real_tokens;
-    r.dim = config_.hidden_size;
-    r.h = bufs_.h, r.h_ld = config_.hidden_size;
-    r.y = pending_y_ ? bufs_.y : nullptr, r.y_ld = config_.hidden_size;
-    r.input = bufs_.h, r.input_ld = config_.hidden_size;
-    r.eps = float(config_.rms_norm_eps);
-    r.x = bufs_.x, r.x_ld = config_.hidden_size;
+    cuda::ResidualNormParams r = residual_params(pending_y_);
+    if (in != LayerInput::kResidual) {  // the step's input as the layer's input
+      r.mode = cuda::ResidualMode::kLoad;
+      r.input = bufs_.h, r.input_ld = config_.hidden_size;
+    }
     r.x_fp8 = bufs_.x8;
     cuda::residual_norm_cuda(r, stream_);
     layers_[size_t(layer)]->forward(bufs_, capture);
@@ -283,17 +278,22 @@ class CudaBackend final : public AttentionBackend {
 
   void add_pending_y() {
     if (!pending_y_) return;
+    cuda::residual_norm_cuda(residual_params(true), stream_);  // its x is not read
+    pending_y_ = false;
+  }
+
+  // h += y (when add_y: the previous layer's output), then x = RMSNorm(h).
+  cuda::ResidualNormParams residual_params(bool add_y) const {
     cuda::ResidualNormParams r;
     r.mode = cuda::ResidualMode::kAddNorm;
     r.num_tokens = launched_;
     r.num_real_tokens = bufs_.real_tokens;
     r.dim = config_.hidden_size;
     r.h = bufs_.h, r.h_ld = config_.hidden_size;
-    r.y = bufs_.y, r.y_ld = config_.hidden_size;
+    r.y = add_y ? bufs_.y : nullptr, r.y_ld = config_.hidden_size;
     r.eps = float(config_.rms_norm_eps);
-    r.x = bufs_.x, r.x_ld = config_.hidden_size;  // unused: the op writes an x
-    cuda::residual_norm_cuda(r, stream_);
-    pending_y_ = false;
+    r.x = bufs_.x, r.x_ld = config_.hidden_size;
+    return r;
   }
 
   void copy_out(const float* d, float* out) {
@@ -313,12 +313,7 @@ class CudaBackend final : public AttentionBackend {
     }
   }
 
-  void record(size_t i) {
-    // Inside a capture the record becomes a graph node, re-recorded at every replay.
-    check(capturing_ ? cudaEventRecordWithFlags(events_[i], stream_, cudaEventRecordExternal)
-                     : cudaEventRecord(events_[i], stream_),
-          "event record");
-  }
+  void record(size_t i) { cuda::record_event(events_[i], stream_, capturing_); }
 
   const ModelConfig& config_;
   const CacheSpec& spec_;

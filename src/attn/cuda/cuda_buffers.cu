@@ -100,4 +100,10 @@ void StepMemory::bind(StepBuffers& b, int tokens) const {
   carve(c, b, config_, keys_, tokens, max_tokens_);
 }
 
+void record_event(cudaEvent_t e, CUstream_st* stream, bool capturing) {
+  const cudaError_t r = capturing ? cudaEventRecordWithFlags(e, stream, cudaEventRecordExternal)
+                                  : cudaEventRecord(e, stream);
+  if (r != cudaSuccess) throw Error(std::string("event record: ") + cudaGetErrorString(r));
+}
+
 }  // namespace dsv4::cuda

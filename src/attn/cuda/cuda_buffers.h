@@ -65,6 +65,10 @@ struct StepBuffers {
   bool capturing = false;
 };
 
+// Records `e` on `stream`; inside a capture (capturing) as an external event
+// node, so every replay of the graph records it again. Throws Error on failure.
+void record_event(cudaEvent_t e, CUstream_st* stream, bool capturing);
+
 // Owns the activation memory for steps of up to max_tokens rows.
 class StepMemory {
  public:

@@ -71,12 +71,9 @@ WeightMatrix fp8_row_slice(const WeightMatrix& w, int64_t r0, int64_t n) {
   return s;
 }
 
-std::vector<WeightMatrix> wo_a_slices(const ModelConfig& c, const WeightMatrix& w) {
-  std::vector<WeightMatrix> s;
-  if (c.o_lora_rank % 128 != 0)
-    for (int g = 0; g < c.o_groups; ++g) s.push_back(fp8_row_slice(w, int64_t(g) * c.o_lora_rank, c.o_lora_rank));
-  return s;
-}
+// wo_a runs as one grouped linear when its groups start at 128-row scale
+// blocks, else as one linear per group on its rows.
+bool wo_a_per_group(const ModelConfig& c) { return c.o_lora_rank % 128 != 0; }
 
 const std::vector<float>& ape_or_empty(const std::optional<CompressorWeights>& c) {
   static const std::vector<float> none;
@@ -139,17 +136,20 @@ DeviceFloats::~DeviceFloats() { cudaFree(p_); }
 
 CudaLayer::CudaLayer(const ModelConfig& config, const LayerWeights& w, IndexKeyFormat keys,
                      const LinearOptions& linear)
-    : config_(config), w_(w), layer_(w.layer), type_(w.type), keys_(keys), rope_(config.rope_params(w.type)),
+    : config_(config), layer_(w.layer), type_(w.type), keys_(keys), rope_(config.rope_params(w.type)),
       wqkv_((require_fp8(w.wq_a), require_fp8(w.wkv), std::vector<const WeightMatrix*>{&w.wq_a, &w.wkv}), linear),
       wq_b_((require_fp8(w.wq_b), w.wq_b), linear),
       wo_b_((require_fp8(w.wo_b), w.wo_b), linear),
-      wo_a_slices_((require_fp8(w.wo_a), wo_a_slices(config, w.wo_a))),
       q_norm_(w.q_norm), kv_norm_(w.kv_norm), sink_(w.attn_sink), ape_(ape_or_empty(w.compressor)),
       norm_(w.compressor ? w.compressor->norm : std::vector<float>{}),
       idx_ape_(w.indexer ? w.indexer->compressor.ape : std::vector<float>{}),
       idx_norm_(w.indexer ? w.indexer->compressor.norm : std::vector<float>{}) {
-  if (wo_a_slices_.empty()) wo_a_.emplace_back(w.wo_a, config.o_groups, W8A16Options{linear});
-  for (const WeightMatrix& s : wo_a_slices_) wo_a_.emplace_back(s, 1, W8A16Options{linear});
+  require_fp8(w.wo_a);
+  if (!wo_a_per_group(config)) wo_a_.emplace_back(w.wo_a, config.o_groups, W8A16Options{linear});
+  else
+    for (int g = 0; g < config.o_groups; ++g)  // each slice is uploaded here; none is kept
+      wo_a_.emplace_back(fp8_row_slice(w.wo_a, int64_t(g) * config.o_lora_rank, config.o_lora_rank), 1,
+                         W8A16Options{linear});
   if (w.compressor) proj_.emplace(proj_parts(w), linear);
   if (w.indexer) {
     require_fp8(w.indexer->wq_b);
@@ -279,10 +279,7 @@ void CudaLayer::select(StepBuffers& b) {
 }
 
 void CudaLayer::mark(StepBuffers& b, int event) const {
-  if (!b.indexer_events) return;
-  check(b.capturing ? cudaEventRecordWithFlags(b.indexer_events[event], b.stream, cudaEventRecordExternal)
-                    : cudaEventRecord(b.indexer_events[event], b.stream),
-        "event record");
+  if (b.indexer_events) record_event(b.indexer_events[event], b.stream, b.capturing);
 }
 
 SparseAttentionParams CudaLayer::attention_params(const StepBuffers& b) const {
@@ -316,7 +313,7 @@ void CudaLayer::project_out(StepBuffers& b) {
   const int T = b.tokens, H = config_.num_heads;
   out_inverse_rope_cuda(OutInverseRopeParams{T, H, b.o, int64_t(H) * kKvDim, b.step.positions, &rope_}, b.stream);
   const int64_t u_cols = int64_t(config_.o_groups) * config_.o_lora_rank;
-  if (wo_a_slices_.empty()) {
+  if (!wo_a_per_group(config_)) {
     wo_a_[0].forward(b.o, int64_t(H) * kKvDim, T, b.u, u_cols, &b.u8, *b.linear, b.stream);
   } else {
     const int64_t k_g = int64_t(H / config_.o_groups) * kKvDim;

@@ -68,7 +68,6 @@ class CudaLayer {
   void mark(StepBuffers& b, int event) const;
 
   const ModelConfig& config_;
-  const LayerWeights& w_;
   int layer_;
   LayerType type_;
   IndexKeyFormat keys_;
@@ -76,7 +75,6 @@ class CudaLayer {
   Fp8Linear wqkv_, wq_b_, wo_b_;
   // wo_a: one grouped linear, or (o_lora_rank not a multiple of 128) one per
   // group on its rows, with the FP8 quantization of u after them.
-  std::vector<WeightMatrix> wo_a_slices_;
   std::vector<W8A16GroupedLinear> wo_a_;
   std::optional<Bf16Linear> proj_;   // compressor (+ indexer compressor, weights_proj) projections
   std::optional<Fp8Linear> idx_wq_b_;
