@@ -94,11 +94,15 @@ std::unique_ptr<Engine> Engine::from_seed(const ModelConfig& config, uint64_t se
 
 StepMetadata Engine::plan(const std::vector<Run>& runs, std::vector<RunError>& errors) {
   StepMetadata s = plan_step(runs, config_, blocks_, errors);
-  // At least one page per group, so every arena exists (ops check their
-  // views) even before a request has written to it.
+  ensure_backend_pages();
+  return s;
+}
+
+void Engine::ensure_backend_pages() {
+  // At least one page per group: ops check their views even before a
+  // request has written to an arena.
   for (CacheGroup g : kAllCacheGroups)
     if (blocks_.uses(g)) backend_->ensure_pages(g, std::max(1, blocks_.pool(g).high_water()));
-  return s;
 }
 
 void Engine::begin(const StepMetadata& s, std::span<const float> input) {
@@ -149,8 +153,7 @@ void Engine::fast_forward(int64_t id, int64_t length) {
   // `length` tokens holds once committed.
   blocks_.reserve(id, length - 1, 1);
   blocks_.commit(id, length);
-  for (CacheGroup g : kAllCacheGroups)
-    if (blocks_.uses(g)) backend_->ensure_pages(g, std::max(1, blocks_.pool(g).high_water()));
+  ensure_backend_pages();
 }
 
 void Engine::commit(const StepMetadata& s) {

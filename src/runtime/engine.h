@@ -99,6 +99,9 @@ class Engine {
 
  private:
   void begin(const StepMetadata& s, std::span<const float> input);
+  // Storage for every page the block manager has handed out (at least one
+  // per group, so every arena exists before a request writes to it).
+  void ensure_backend_pages();
 
   ModelConfig config_;
   EngineOptions options_;
