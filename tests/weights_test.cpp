@@ -480,6 +480,26 @@ TEST(RandomWeights, DtypesShapesAndScale) {
   }
 }
 
+// What the CPU backend reports as its weights: every tensor SPEC §3 lists,
+// counted here from the specs' shapes (FP8 matrices at one byte plus a float
+// per 128x128 block; bf16 matrices at two bytes; vectors held as floats).
+TEST(RandomWeights, StoredBytesCountEveryTensor) {
+  const ModelConfig cfg = preset_config("mini");
+  for (bool fp8 : {false, true})
+    for (int layer = 0; layer < cfg.num_layers; ++layer) {
+      int64_t expect = 0;
+      for (const TensorSpec& s : attention_tensor_specs(cfg, layer)) {
+        int64_t n = 1;
+        for (int64_t d : s.shape) n *= d;
+        if (s.kind == TensorKind::kFp8Matrix && fp8)
+          expect += n + 4 * ((s.shape[0] + 127) / 128) * ((s.shape[1] + 127) / 128);
+        else if (s.kind == TensorKind::kFp8Matrix || s.kind == TensorKind::kDenseMatrix) expect += 2 * n;
+        else expect += 4 * n;
+      }
+      EXPECT_EQ(stored_bytes(random_layer_weights(cfg, layer, 5, fp8)), expect) << "layer " << layer << " fp8 " << fp8;
+    }
+}
+
 TEST(RandomWeights, Fp8RoundsTheSameValuesAsBf16) {
   const ModelConfig cfg = preset_config("mini");
   const LayerWeights q = random_layer_weights(cfg, 1, 3, true), b = random_layer_weights(cfg, 1, 3, false);

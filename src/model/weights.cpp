@@ -521,6 +521,19 @@ std::vector<NonFiniteTensor> find_nonfinite(const LayerWeights& w) {
   return out;
 }
 
+int64_t stored_bytes(const LayerWeights& w) {
+  const auto matrix = [](const WeightMatrix& m) { return int64_t(m.data.size() + 4 * m.block_scales.size()); };
+  const auto floats = [](const std::vector<float>& v) { return int64_t(4 * v.size()); };
+  const auto compressor = [&](const CompressorWeights& c) {
+    return matrix(c.wkv) + matrix(c.wgate) + floats(c.ape) + floats(c.norm);
+  };
+  int64_t n = matrix(w.wq_a) + matrix(w.wq_b) + matrix(w.wkv) + matrix(w.wo_a) + matrix(w.wo_b) + floats(w.q_norm) +
+              floats(w.kv_norm) + floats(w.attn_sink);
+  if (w.compressor) n += compressor(*w.compressor);
+  if (w.indexer) n += matrix(w.indexer->wq_b) + matrix(w.indexer->weights_proj) + compressor(w.indexer->compressor);
+  return n;
+}
+
 LayerWeights load_layer_weights(const Checkpoint& ckpt, const ModelConfig& config, int layer) {
   CheckpointSource src(ckpt);
   return assemble(config, layer, src);

@@ -86,6 +86,10 @@ struct LayerWeights {
   std::optional<IndexerWeights> indexer;        // C4A only
 };
 
+// Bytes the layer's tensors take as stored: matrix elements, FP8 block
+// scales and the float vectors (norms, sink, ape).
+int64_t stored_bytes(const LayerWeights& w);
+
 // Loads and validates one layer. A missing tensor, a wrong shape or a wrong
 // dtype throws Error naming the tensor. The checkpoint must outlive the result.
 LayerWeights load_layer_weights(const Checkpoint& ckpt, const ModelConfig& config, int layer);

@@ -18,7 +18,7 @@ class CpuBackend final : public AttentionBackend {
              const BackendOptions& options)
       : config_(config), spec_(spec), opt_(options), storage_(spec) {
     for (const LayerWeights& w : weights) layers_.push_back(std::make_unique<CpuLayer>(config_, w, options));
-    for (const LayerWeights& w : weights) weight_bytes_ += layer_weight_bytes(w);
+    for (const LayerWeights& w : weights) weight_bytes_ += stored_bytes(w);
   }
 
   std::string_view name() const override { return "cpu"; }
@@ -92,12 +92,6 @@ class CpuBackend final : public AttentionBackend {
     c.state = arena(CacheKind::kState);
     c.index_state = arena(CacheKind::kIndexState);
     return c;
-  }
-
-  static int64_t layer_weight_bytes(const LayerWeights& w) {
-    int64_t n = 0;
-    for (const WeightMatrix* m : {&w.wq_a, &w.wq_b, &w.wkv, &w.wo_a, &w.wo_b}) n += int64_t(m->data.size());
-    return n;
   }
 
   const ModelConfig& config_;
