@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/safetensors.h"
+#include "support/edited_safetensors.h"
 #include "support/temp_dir.h"
 
 namespace {
@@ -54,27 +55,18 @@ void expect_user_error(const Result& r, const std::string& message) {
 }
 
 namespace fs = std::filesystem;
+using dsv4::test::OwnedTensor;
+using dsv4::test::rewrite_safetensors;
 
 // A checkpoint directory as a real one looks: config.json (from a golden case)
 // and the golden weights, `edit` applied to the weights' tensors.
-struct OwnedTensor {
-  std::string name;
-  dsv4::DType dtype;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
 void make_checkpoint(const fs::path& dir, const std::string& golden_case,
-                     const std::function<void(std::vector<OwnedTensor>&)>& edit = {}) {
+                     const dsv4::test::TensorListEdit& edit = {}) {
   fs::create_directories(dir);
   std::ifstream in(std::string(DSV4_GOLDEN_DIR) + "/" + golden_case + ".json");
   std::ofstream(dir / "config.json") << nlohmann::json::parse(in).at("config").dump(2);
-  const auto f = dsv4::SafetensorsFile::open(fs::path(DSV4_GOLDEN_DIR) / (golden_case + ".weights.safetensors"));
-  std::vector<OwnedTensor> ts;
-  for (const auto& t : f->tensors()) ts.push_back({t.name, t.dtype, t.shape, {t.bytes.begin(), t.bytes.end()}});
-  if (edit) edit(ts);
-  std::vector<dsv4::TensorData> out;
-  for (const auto& t : ts) out.push_back({t.name, t.dtype, t.shape, t.bytes});
-  dsv4::write_safetensors(dir / "model.safetensors", out);
+  rewrite_safetensors(fs::path(DSV4_GOLDEN_DIR) / (golden_case + ".weights.safetensors"), dir / "model.safetensors",
+                      edit);
 }
 
 // Puts a NaN into element 3 of a BF16 or F32 tensor.

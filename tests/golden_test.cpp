@@ -12,6 +12,7 @@
 
 #include "model/safetensors.h"
 #include "runtime/golden_replay.h"
+#include "support/edited_safetensors.h"
 #include "support/error_of.h"
 #include "support/temp_dir.h"
 
@@ -113,50 +114,30 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using dsv4::test::error_of;
+using dsv4::test::find_tensor;
+using dsv4::test::OwnedTensor;
+using dsv4::test::rewrite_safetensors;
 using dsv4::test::TempDir;
 
-#define EXPECT_MENTIONS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << (msg)
-
-struct OwnedTensor {
-  std::string name;
-  DType dtype;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
 using TensorEdit = std::function<void(int request, std::vector<OwnedTensor>&)>;
 
 // Copies golden case "mini" into `dir` as case "x": its JSON through
 // `edit_json`, each request file through `edit_tensors`, the weights through
 // `edit_weights` (a request file the JSON has no request for is not copied).
 void copy_case(const fs::path& dir, const std::function<void(json&)>& edit_json, const TensorEdit& edit_tensors = {},
-               const std::function<void(std::vector<OwnedTensor>&)>& edit_weights = {}) {
+               const dsv4::test::TensorListEdit& edit_weights = {}) {
   const fs::path golden(DSV4_GOLDEN_DIR);
   std::ifstream in(golden / "mini.json");
   json j = json::parse(in);
   edit_json(j);
   std::ofstream(dir / "x.json") << j.dump();
-  auto rewrite = [](const fs::path& from, const fs::path& to, const std::function<void(std::vector<OwnedTensor>&)>& edit) {
-    const auto f = SafetensorsFile::open(from);
-    std::vector<OwnedTensor> ts;
-    for (const auto& t : f->tensors()) ts.push_back({t.name, t.dtype, t.shape, {t.bytes.begin(), t.bytes.end()}});
-    if (edit) edit(ts);
-    std::vector<TensorData> out;
-    for (const auto& t : ts) out.push_back({t.name, t.dtype, t.shape, t.bytes});
-    write_safetensors(to, out);
-  };
-  rewrite(golden / "mini.weights.safetensors", dir / "x.weights.safetensors", edit_weights);
+  rewrite_safetensors(golden / "mini.weights.safetensors", dir / "x.weights.safetensors", edit_weights);
   for (int r = 0; r < 4; ++r) {
     const std::string suffix = ".r" + std::to_string(r) + ".safetensors";
-    rewrite(golden / ("mini" + suffix), dir / ("x" + suffix), [&](std::vector<OwnedTensor>& ts) {
+    rewrite_safetensors(golden / ("mini" + suffix), dir / ("x" + suffix), [&](std::vector<OwnedTensor>& ts) {
       if (edit_tensors) edit_tensors(r, ts);
     });
   }
-}
-
-OwnedTensor& find(std::vector<OwnedTensor>& ts, const std::string& name) {
-  for (auto& t : ts)
-    if (t.name == name) return t;
-  throw std::runtime_error("test bug: no tensor " + name);
 }
 
 // Element i of an F32 or BF16 tensor (NaN and Inf are the same in both).
@@ -259,21 +240,21 @@ TEST(GoldenErrors, TensorFilesAreCheckedBeforeReplay) {
        "x.r1.safetensors: request 1, call 2, layer 0: tensor 'output.r1.c2.l0' is missing"},
       {[](int r, auto& ts) { if (r == 0) std::erase_if(ts, [](auto& t) { return t.name == "input.r0.c5"; }); },
        "request 0, call 5: tensor 'input.r0.c5' is missing"},
-      {[](int r, auto& ts) { if (r == 0) find(ts, "kv.r0.c1.l1").shape = {2, 256}; },
+      {[](int r, auto& ts) { if (r == 0) find_tensor(ts, "kv.r0.c1.l1").shape = {2, 256}; },
        "request 0, call 1, layer 1: tensor 'kv.r0.c1.l1' has shape [2, 256]; expected [1, 512]"},
-      {[](int r, auto& ts) { if (r == 0) find(ts, "q.r0.c1.l1").shape = {1, 2048}; },
+      {[](int r, auto& ts) { if (r == 0) find_tensor(ts, "q.r0.c1.l1").shape = {1, 2048}; },
        "tensor 'q.r0.c1.l1' has shape [1, 2048]; expected [1, 4, 512]"},
-      {[](int r, auto& ts) { if (r == 0) find(ts, "input.r0.c1").dtype = DType::kI32; },
+      {[](int r, auto& ts) { if (r == 0) find_tensor(ts, "input.r0.c1").dtype = DType::kI32; },
        "tensor 'input.r0.c1' is I32; expected F32 or BF16"},
-      {[](int r, auto& ts) { if (r == 0) find(ts, "topk.r0.c1.l1").dtype = DType::kF32; },
+      {[](int r, auto& ts) { if (r == 0) find_tensor(ts, "topk.r0.c1.l1").dtype = DType::kF32; },
        "tensor 'topk.r0.c1.l1' is F32; expected I32"},
-      {[](int r, auto& ts) { if (r == 0) find(ts, "topk.r0.c1.l1").shape = {2, 32}; },
+      {[](int r, auto& ts) { if (r == 0) find_tensor(ts, "topk.r0.c1.l1").shape = {2, 32}; },
        "tensor 'topk.r0.c1.l1' has shape [2, 32]; expected [1, k] with k <= index_topk (64)"},
-      {[](int r, auto& ts) { if (r == 0) find(ts, "topk.r0.c0.l1").shape = {260, 128}; },
+      {[](int r, auto& ts) { if (r == 0) find_tensor(ts, "topk.r0.c0.l1").shape = {260, 128}; },
        "expected [520, k] with k <= index_topk (64)"},
-      {[](int r, auto& ts) { if (r == 0) find(ts, "compressed.r0.c0.l1").shape = {65, 1024}; },
+      {[](int r, auto& ts) { if (r == 0) find_tensor(ts, "compressed.r0.c0.l1").shape = {65, 1024}; },
        "request 0, call 0, layer 1: tensor 'compressed.r0.c0.l1' has shape [65, 1024]; expected [130, 512]"},
-      {[](int r, auto& ts) { if (r == 0) find(ts, "compressed.r0.c0.l2").shape = {2, 1024}; },
+      {[](int r, auto& ts) { if (r == 0) find_tensor(ts, "compressed.r0.c0.l2").shape = {2, 1024}; },
        "tensor 'compressed.r0.c0.l2' has shape [2, 1024]; expected [4, 512]"},
       {[](int r, auto& ts) { if (r == 0) std::erase_if(ts, [](auto& t) { return t.name == "index_keys.r0.c0.l1"; }); },
        "tensor 'index_keys.r0.c0.l1' is missing: the call completes 130 entries"},
@@ -294,8 +275,8 @@ TEST(GoldenVerdicts, NonFiniteReferenceValuesFail) {
   TempDir dir;
   copy_case(dir.path(), [](json&) {}, [](int r, std::vector<OwnedTensor>& ts) {
     if (r != 1) return;
-    set_float(find(ts, "output.r1.c0.l0"), 5, std::numeric_limits<float>::quiet_NaN());
-    set_float(find(ts, "kv.r1.c3.l2"), 7, std::numeric_limits<float>::infinity());
+    set_float(find_tensor(ts, "output.r1.c0.l0"), 5, std::numeric_limits<float>::quiet_NaN());
+    set_float(find_tensor(ts, "kv.r1.c3.l2"), 7, std::numeric_limits<float>::infinity());
   });
   const ReplayResult r = replay_golden(load_golden_case(dir.path(), "x"), ReplayOptions{Profile::kExact});
   const std::string why = judge_replay(r, Profile::kExact);
@@ -314,7 +295,7 @@ TEST(GoldenVerdicts, NonFiniteOutputsOfOursFail) {
   // layer 2's kv_norm holds a NaN: every kv, attn and output of layer 2 is NaN.
   TempDir dir;
   copy_case(dir.path(), [](json&) {}, {}, [](std::vector<OwnedTensor>& ts) {
-    set_float(find(ts, "layers.2.attn.kv_norm.weight"), 3, std::numeric_limits<float>::quiet_NaN());
+    set_float(find_tensor(ts, "layers.2.attn.kv_norm.weight"), 3, std::numeric_limits<float>::quiet_NaN());
   });
   const GoldenCase gc = load_golden_case(dir.path(), "x");
   const ReplayResult r = replay_golden(gc, ReplayOptions{Profile::kExact});

@@ -17,7 +17,6 @@ namespace {
 using json = nlohmann::json;
 using dsv4::test::error_of;
 
-#define EXPECT_MENTIONS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << (msg)
 
 std::string parse_error(const std::string& text, size_t depth = 64) {
   return error_of([&] { parse_json_text(text, "t.json", depth); });

@@ -72,7 +72,6 @@ std::string open_error(const fs::path& p) {
   return error_of([&] { SafetensorsFile::open(p); });
 }
 
-#define EXPECT_MENTIONS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << (msg)
 
 // ---- dtypes -------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@
 #include "numerics/bf16.h"
 #include "numerics/e4m3.h"
 #include "numerics/ue8m0.h"
+#include "support/edited_safetensors.h"
 #include "support/error_of.h"
 #include "support/temp_dir.h"
 
@@ -29,38 +30,21 @@ namespace fs = std::filesystem;
 const fs::path kMini = fs::path(DSV4_GOLDEN_DIR) / "mini.weights.safetensors";
 const fs::path kMiniFp8 = fs::path(DSV4_GOLDEN_DIR) / "mini-fp8.weights.safetensors";
 
+using dsv4::test::find_tensor;
+using dsv4::test::OwnedTensor;
+using dsv4::test::rewrite_safetensors;
 using dsv4::test::TempDir;
+using dsv4::test::TensorListEdit;
 
 using dsv4::test::error_of;
 
-#define EXPECT_MENTIONS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << (msg)
 
-// A tensor of a golden file with its own copy of the bytes, for editing.
-struct OwnedTensor {
-  std::string name;
-  DType dtype;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
 
 // Writes a copy of `golden` after `edit` changed its tensor list; returns the path.
-fs::path edited_copy(const TempDir& dir, const fs::path& golden,
-                     const std::function<void(std::vector<OwnedTensor>&)>& edit) {
-  const auto f = SafetensorsFile::open(golden);
-  std::vector<OwnedTensor> tensors;
-  for (const auto& t : f->tensors()) tensors.push_back({t.name, t.dtype, t.shape, {t.bytes.begin(), t.bytes.end()}});
-  edit(tensors);
-  std::vector<TensorData> out;
-  for (const auto& t : tensors) out.push_back({t.name, t.dtype, t.shape, t.bytes});
+fs::path edited_copy(const TempDir& dir, const fs::path& golden, const TensorListEdit& edit) {
   const fs::path p = dir / ("edited-" + golden.filename().string());
-  write_safetensors(p, out);
+  rewrite_safetensors(golden, p, edit);
   return p;
-}
-
-OwnedTensor& tensor(std::vector<OwnedTensor>& ts, const std::string& name) {
-  for (auto& t : ts)
-    if (t.name == name) return t;
-  throw std::runtime_error("test bug: no tensor " + name);
 }
 
 void remove_tensor(std::vector<OwnedTensor>& ts, const std::string& name) {
@@ -256,18 +240,18 @@ TEST(LoadLayerWeights, MiniFp8) {
 TEST(LoadErrors, WrongDtype) {
   TempDir dir;
   const std::string name = "layers.0.attn.wq_a.weight";
-  const auto p = edited_copy(dir, kMini, [&](auto& ts) { tensor(ts, name).dtype = DType::kI16; });
+  const auto p = edited_copy(dir, kMini, [&](auto& ts) { find_tensor(ts, name).dtype = DType::kI16; });
   const std::string msg = load_error(p, 0);
   EXPECT_MENTIONS(msg, "tensor '" + name + "' has dtype I16; expected one of F8_E4M3, BF16, F32");
   const auto q = edited_copy(dir, kMini,
-                             [&](auto& ts) { tensor(ts, "layers.2.attn.compressor.norm.weight").dtype = DType::kF16; });
+                             [&](auto& ts) { find_tensor(ts, "layers.2.attn.compressor.norm.weight").dtype = DType::kF16; });
   EXPECT_MENTIONS(load_error(q, 2), "'layers.2.attn.compressor.norm.weight' has dtype F16; expected one of BF16, F32");
 }
 
 TEST(LoadErrors, WrongShape) {
   TempDir dir;
   const std::string name = "layers.1.attn.wq_a.weight";
-  const auto p = edited_copy(dir, kMini, [&](auto& ts) { tensor(ts, name).shape = {256, 128}; });
+  const auto p = edited_copy(dir, kMini, [&](auto& ts) { find_tensor(ts, name).shape = {256, 128}; });
   EXPECT_MENTIONS(load_error(p, 1), "tensor '" + name + "' has shape [256, 128]; expected [128, 256]");
 }
 
@@ -289,11 +273,11 @@ TEST(LoadErrors, MissingScale) {
 TEST(LoadErrors, BadScales) {
   TempDir dir;
   const std::string name = "layers.2.attn.wo_a.scale";
-  const auto shape = edited_copy(dir, kMiniFp8, [&](auto& ts) { tensor(ts, name).shape = {8, 1}; });
+  const auto shape = edited_copy(dir, kMiniFp8, [&](auto& ts) { find_tensor(ts, name).shape = {8, 1}; });
   EXPECT_MENTIONS(load_error(shape, 2), "tensor '" + name + "' has shape [8, 1]; expected [1, 8]");
-  const auto nan = edited_copy(dir, kMiniFp8, [&](auto& ts) { tensor(ts, name).bytes[3] = 0xff; });
+  const auto nan = edited_copy(dir, kMiniFp8, [&](auto& ts) { find_tensor(ts, name).bytes[3] = 0xff; });
   EXPECT_MENTIONS(load_error(nan, 2), "tensor '" + name + "' holds nan at block 3");
-  const auto dtype = edited_copy(dir, kMiniFp8, [&](auto& ts) { tensor(ts, name).dtype = DType::kU8; });
+  const auto dtype = edited_copy(dir, kMiniFp8, [&](auto& ts) { find_tensor(ts, name).dtype = DType::kU8; });
   EXPECT_MENTIONS(load_error(dtype, 2), "'" + name + "' has dtype U8; expected one of F8_E8M0, F32");
 }
 
@@ -309,7 +293,7 @@ TEST(LoadErrors, F32ScalesAndF32WeightsAreAccepted) {
   TempDir dir;
   const std::string w = "layers.0.attn.wq_a.weight", s = "layers.0.attn.wq_a.scale";
   const auto p = edited_copy(dir, kMiniFp8, [&](auto& ts) {
-    OwnedTensor& scale = tensor(ts, s);
+    OwnedTensor& scale = find_tensor(ts, s);
     std::vector<uint8_t> f32;
     for (uint8_t b : scale.bytes) {
       const float v = ue8m0_to_float(b);
@@ -327,7 +311,7 @@ TEST(LoadErrors, F32ScalesAndF32WeightsAreAccepted) {
     remove_tensor(ts, s);
     std::vector<uint8_t> f32(original.size() * 4);
     std::memcpy(f32.data(), original.data(), f32.size());
-    tensor(ts, w) = {w, DType::kF32, {128, 256}, f32};
+    find_tensor(ts, w) = {w, DType::kF32, {128, 256}, f32};
   });
   const Checkpoint cq = Checkpoint::open(q);
   const LayerWeights lw = load_layer_weights(cq, cfg, 0);

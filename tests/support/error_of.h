@@ -7,6 +7,9 @@
 
 #include "common/error.h"
 
+// The message `msg` contains `needle` (shown in full when not).
+#define EXPECT_MENTIONS(msg, needle) EXPECT_NE((msg).find(needle), std::string::npos) << (msg)
+
 namespace dsv4::test {
 
 inline std::string error_of(const std::function<void()>& f) {
