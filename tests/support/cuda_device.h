@@ -1,8 +1,6 @@
 #pragma once
-// Whether a CUDA device is present: GPU tests skip themselves without one.
-#include <cuda_runtime.h>
+// Whether a CUDA device is present: GPU tests skip themselves without one
+// (the same check `--device auto` makes).
+#include "attn/cuda/cuda_backend.h"
 
-inline bool have_cuda_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+inline bool have_cuda_device() { return dsv4::cuda_device_available(); }
