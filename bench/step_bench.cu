@@ -8,6 +8,7 @@
 //  - --prefill LEN: only one request prefilled to LEN tokens in 8K chunks
 //    (1048560 for the 1M row), then 16 decode steps: time, where it went,
 //    cache memory held.
+//  - --decode BATCH CONTEXT: only that decode row (to run under a profiler).
 // Step times are wall time of plan + forward + commit; the synthetic input
 // embeddings (host Box-Muller, ~1 s per 8K chunk at hidden 4096) are drawn
 // outside the timed span, as a server receives them from the embedding.
@@ -199,16 +200,21 @@ struct Bench {
 int main(int argc, char** argv) {
   bool quick = false;
   int64_t prefill_only = 0;
+  int decode_batch = 0;
+  int64_t decode_context = 0;
   std::string json;
   double gpu_memory = 0.9;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--prefill" && i + 1 < argc && (prefill_only = std::atoll(argv[i + 1])) > 0) ++i;
+    else if (a == "--decode" && i + 2 < argc && (decode_batch = std::atoi(argv[i + 1])) > 0 &&
+             (decode_context = std::atoll(argv[i + 2])) > 0)
+      i += 2;
     else if (a == "--json" && i + 1 < argc) json = argv[++i];
     else if (a == "--gpu-memory" && i + 1 < argc) gpu_memory = std::atof(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--prefill LEN] [--json FILE] [--gpu-memory F]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--prefill LEN | --decode BATCH CONTEXT] [--json FILE] [--gpu-memory F]\n", argv[0]);
       return 2;
     }
   }
@@ -216,6 +222,12 @@ int main(int argc, char** argv) {
     if (prefill_only > 0) {
       Bench b(1, prefill_only + 16, gpu_memory);
       b.prefill_row(prefill_only, 8192, 16, true);
+      if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
+      return 0;
+    }
+    if (decode_batch > 0) {  // one decode row (for a profiler)
+      Bench b(decode_batch, decode_context + 64, gpu_memory);
+      b.decode_row(decode_batch, decode_context, quick ? 5 : 20);
       if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
       return 0;
     }

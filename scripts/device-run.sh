@@ -6,11 +6,13 @@
 # logging to $OUT (at most 8 files come back).
 #
 #   scripts/device-run.sh [STEPS]
-#     STEPS: comma list of build, test, sanitize, verify, bench, step, prefill1m
+#     STEPS: comma list of build, test, sanitize, verify, bench, step, prefill1m,
+#            profile (ncu on one decode row; see the step)
 #            (default: build,test,verify,sanitize,bench)
 #   env: BUILD_DIR (default build-dev), TEST_FILTER (gtest filter for the GPU
 #        test binaries), SANITIZE_FILTER, BENCH (space list of benchmarks,
-#        default all), BENCH_ARGS, STEP_ARGS, PREFILL_LEN (default 1048560), JOBS
+#        default all), BENCH_ARGS, STEP_ARGS, PREFILL_LEN (default 1048560), JOBS,
+#        PROFILE_ARGS, PROFILE_KERNELS, NCU_SKIP, NCU_COUNT
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -77,4 +79,24 @@ fi
 if has prefill1m; then
   echo "== 1M prefill"
   timeout 590 "$b/step_bench" --prefill ${PREFILL_LEN:-1048560} --json "$OUT/prefill1m.json" 2>&1 | tee "$OUT/prefill1m.log"
+fi
+if has profile; then
+  # Kernel times of one decode row's first launches (PROFILE_ARGS, default
+  # batch 1 at 4K; NCU_SKIP / NCU_COUNT launches; boost clocks, cold caches),
+  # or with PROFILE_KERNELS (a regex) ncu's full set and per-instruction warp
+  # samples of the first NCU_COUNT launches of those kernels.
+  echo "== profile"
+  pa=${PROFILE_ARGS:-"--decode 1 4096 --quick"}
+  if [ -n "${PROFILE_KERNELS:-}" ]; then
+    timeout 400 ncu --set full --warp-sampling-interval 0 --import-source no -k "regex:$PROFILE_KERNELS" \
+      --launch-count ${NCU_COUNT:-1} -o "$OUT/prof" -f "$b/step_bench" $pa >"$OUT/profile.log" 2>&1
+    echo "ncu exit $?"
+    ncu -i "$OUT/prof.ncu-rep" --page source --csv --print-source sass >"$OUT/sass.csv" 2>>"$OUT/profile.log"
+    ncu -i "$OUT/prof.ncu-rep" --page details --print-details all >"$OUT/details.txt" 2>>"$OUT/profile.log"
+    rm -f "$OUT/prof.ncu-rep"; gzip -f "$OUT/sass.csv"
+  else
+    timeout 400 ncu --clock-control none --cache-control all --metrics gpu__time_duration.sum,sm__cycles_active.max \
+      --csv --launch-skip ${NCU_SKIP:-160} --launch-count ${NCU_COUNT:-400} "$b/step_bench" $pa >"$OUT/ncu.csv" 2>"$OUT/profile.log"
+    echo "ncu exit $?"; gzip -f "$OUT/ncu.csv"
+  fi
 fi
