@@ -16,6 +16,7 @@
 #include "attn/compressor_math.h"
 #include "attn/cuda/fused_common.cuh"
 #include "attn/cuda/kv_record.cuh"
+#include "attn/cuda/pdl.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -36,6 +37,7 @@ __device__ __forceinline__ float* state_row(const CompressorParams& p, int64_t s
 }
 
 __global__ void __launch_bounds__(kRowThreads) state_rows_kernel(const CompressorParams p) {
+  pdl_start();  // pdl.cuh: launched with pdl_launch
   const int t = blockIdx.x;
   float* row = state_row(p, __ldg(p.row_slot + t));
   if (!row) return;
@@ -79,6 +81,7 @@ __device__ __forceinline__ void hadamard128(float (&y)[4], float scale) {
 template <int kDim, int kBatch>
 __global__ void __launch_bounds__(kDim)
     entries_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args) {
+  pdl_start();  // pdl.cuh: launched with pdl_launch
   constexpr int kFinish = kDim / 4;  // threads of the finishing phase (whole warps)
   __shared__ const float* rows_s[kMaxPooledRows];
   __shared__ __align__(16) float v_s[kDim];
@@ -158,18 +161,18 @@ void compressor_cuda(const CompressorParams& p, CUstream_st* stream) {
   check_compressor_cuda_params(p);
   if (p.num_tokens == 0) return;
   const unsigned T = unsigned(p.num_tokens);
-  state_rows_kernel<<<T, kRowThreads, 0, stream>>>(p);
+  pdl_launch(state_rows_kernel, T, kRowThreads, 0, stream, p);
   cuda_check(cudaGetLastError(), "compressor (cuda): state rows launch");
   const EntryArgs args{rope_freqs(*p.rope), float(1.0 / std::sqrt(double(p.dim)))};
   const bool wide = p.ratio == 128;  // 128 pooled rows
   if (p.dim == kKvDim && wide)
-    entries_kernel<kKvDim, 32><<<T, kKvDim, 0, stream>>>(p, args);
+    pdl_launch(entries_kernel<kKvDim, 32>, T, kKvDim, 0, stream, p, args);
   else if (p.dim == kKvDim)
-    entries_kernel<kKvDim, 8><<<T, kKvDim, 0, stream>>>(p, args);
+    pdl_launch(entries_kernel<kKvDim, 8>, T, kKvDim, 0, stream, p, args);
   else if (wide)
-    entries_kernel<kIndexDim, 32><<<T, kIndexDim, 0, stream>>>(p, args);
+    pdl_launch(entries_kernel<kIndexDim, 32>, T, kIndexDim, 0, stream, p, args);
   else
-    entries_kernel<kIndexDim, 8><<<T, kIndexDim, 0, stream>>>(p, args);
+    pdl_launch(entries_kernel<kIndexDim, 8>, T, kIndexDim, 0, stream, p, args);
   cuda_check(cudaGetLastError(), "compressor (cuda): entries launch");
 }
 

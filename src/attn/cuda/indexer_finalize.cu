@@ -1,62 +1,84 @@
 // The indexer's last step (indexer_select_internal.cuh): per token, the best
-// k of its units' lists (radix select over the lists in global memory,
-// 12-bit digits), sorted best first (bitonic), mapped to global slots.
+// k of its units' lists (radix select, 8-bit digits), sorted best first
+// (bitonic), mapped to global slots. Up to kStageKeys candidates are first
+// gathered into shared memory (a decode token at short context: one pass
+// over global memory instead of one per digit); more are read from the
+// lists in global memory on every pass, each list by one warp.
 // Tokens without keys (padding, nothing visible) get -1 rows and length 0
 // and read nothing but the plan.
 #include <cuda_runtime.h>
 
 #include "attn/cuda/indexer_select_internal.cuh"
 #include "attn/cuda/indexer_topk.cuh"
+#include "attn/cuda/pdl.cuh"
 
 namespace dsv4::cuda::ix {
 namespace {
 
-constexpr int kBits = 12;
+constexpr int kBits = 8;  // 32 lanes x 8 bins in radix_find
+constexpr int kStageKeys = 3072;
+// A list costs two dependent loads (its count, then its keys): the CTA's
+// warps take one list each instead of walking them one after another.
+constexpr int kWarps = kFinalizeThreads / 32;
 
 __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const SelectArgs a) {
+  pdl_start();  // pdl.cuh: launched with pdl_launch
   __shared__ uint32_t hist[1 << kBits];
   __shared__ uint32_t sel[2];
   __shared__ uint64_t sorted[kIndexerMaxTopk];
-  __shared__ int total, kept_count;
+  __shared__ uint64_t staged[kStageKeys];
+  __shared__ int total, kept_count, staged_count;
   const IndexerSelectParams& p = a.p;
   const Workspace& ws = a.ws;
-  const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, k = p.topk;
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, k = p.topk;
   const int real = p.real_tokens ? min(max(*p.real_tokens, 0), p.num_tokens) : p.num_tokens;
   const TokenRef ref = t < real ? ws.tokens[t] : TokenRef{-1, 0};
   Group gr{};
   if (ref.group >= 0) gr = ws.groups[ref.group];
   const int lists = ref.group >= 0 ? gr.units : 0;
   auto list_of = [&](int s) { return int64_t(gr.list_base) + int64_t(s) * gr.count + ref.tl; };
+  // f(key) for every key of the lists (0 for a lane past a list's end:
+  // whole warps call f, as warp_append needs).
+  auto each_listed = [&](auto&& f) {
+    for (int s = warp; s < lists; s += kWarps) {
+      const int64_t l = list_of(s);
+      const int c = ws.list_counts[l];
+      for (int i0 = 0; i0 < c; i0 += 32) f(i0 + lane < c ? ws.list_keys[l * ws.list_stride + i0 + lane] : 0);
+    }
+  };
 
-  if (tid == 0) total = kept_count = 0;
+  if (tid == 0) total = kept_count = staged_count = 0;
   __syncthreads();
   int mine = 0;
   for (int s = tid; s < lists; s += kFinalizeThreads) mine += ws.list_counts[list_of(s)];
   if (mine) atomicAdd(&total, mine);
   __syncthreads();
-  const int n = total;
+  const int n = total;  // keys in lists are nonzero and unique
+  const bool in_smem = n <= kStageKeys;
+  if (in_smem) {
+    each_listed([&](uint64_t key) { warp_append(key != 0, key, staged, &staged_count, lane); });
+    __syncthreads();
+  }
+  // Every candidate once, as whole warps (0 stands for none).
+  auto each_key = [&](auto&& f) {
+    if (in_smem) {
+      for (int i0 = 0; i0 < n; i0 += kFinalizeThreads) f(i0 + tid < n ? staged[i0 + tid] : 0);
+    } else {
+      each_listed(f);
+    }
+  };
 
   uint64_t kth = 1;  // at most k candidates: keep them all
   if (n > k) {
     kth = radix_kth<kBits>(
         [&](auto&& f) {
-          for (int s = 0; s < lists; ++s) {
-            const int64_t l = list_of(s);
-            const int c = ws.list_counts[l];
-            for (int i = tid; i < c; i += kFinalizeThreads) f(ws.list_keys[l * ws.list_stride + i]);
-          }
+          each_key([&](uint64_t key) {
+            if (key) f(key);
+          });
         },
         uint32_t(k), hist, sel, tid, kFinalizeThreads, [] { __syncthreads(); });
   }
-  for (int s = 0; s < lists; ++s) {
-    const int64_t l = list_of(s);
-    const int c = ws.list_counts[l];
-    for (int i0 = 0; i0 < c; i0 += kFinalizeThreads) {  // uniform trip count: warp_append is collective
-      const int i = i0 + tid;
-      const uint64_t key = i < c ? ws.list_keys[l * ws.list_stride + i] : 0;
-      warp_append(key != 0 && key >= kth, key, sorted, &kept_count, lane);
-    }
-  }
+  each_key([&](uint64_t key) { warp_append(key != 0 && key >= kth, key, sorted, &kept_count, lane); });
   __syncthreads();
   const int kept = kept_count;  // min(n, k): keys are unique
   int padded = 1;
@@ -78,7 +100,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
 }  // namespace
 
 void launch_finalize(const SelectArgs& a, cudaStream_t stream) {
-  finalize_kernel<<<a.p.num_tokens, kFinalizeThreads, 0, stream>>>(a);
+  pdl_launch(finalize_kernel, unsigned(a.p.num_tokens), kFinalizeThreads, 0, stream, a);
 }
 
 }  // namespace dsv4::cuda::ix

@@ -7,15 +7,15 @@
 // a group's tokens see the same keys but for the last one (one more).
 // Units: with W = sum over groups of tokens x tiles ("token-tiles", the
 // scoring work), each unit carries about L = ceil(W / target_units) of it,
-// and at least min_unit_tiles tiles (so that its lists keep at most about
-// half of its keys); a group has at most max_group_units units (finalize
-// merges a token's lists on one CTA). A group of c tokens and n tiles is cut
+// and at least min_unit_tiles tiles (one per warpgroup); a group has at
+// most max_group_units units (finalize merges a token's lists on one CTA). A group of c tokens and n tiles is cut
 // into S = min(ceil(c n / L), max(1, n / min_unit_tiles), max_group_units)
 // units of consecutive tiles. Then sum S <= target + groups and
 // sum S c <= 4 target + tokens, the workspace's bounds.
 #include <cuda_runtime.h>
 
 #include "attn/cuda/indexer_select_internal.cuh"
+#include "attn/cuda/pdl.cuh"
 
 namespace dsv4::cuda::ix {
 namespace {
@@ -60,6 +60,7 @@ __device__ __forceinline__ bool starts_group(const IndexerSelectParams& p, int t
 }
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) {
+  pdl_start();  // pdl.cuh: launched with pdl_launch
   const IndexerSelectParams& p = a.p;
   const Workspace& ws = a.ws;
   const int T = p.num_tokens;
@@ -133,6 +134,6 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) 
 
 }  // namespace
 
-void launch_plan(const SelectArgs& a, cudaStream_t stream) { plan_kernel<<<1, kPlanThreads, 0, stream>>>(a); }
+void launch_plan(const SelectArgs& a, cudaStream_t stream) { pdl_launch(plan_kernel, 1, kPlanThreads, 0, stream, a); }
 
 }  // namespace dsv4::cuda::ix

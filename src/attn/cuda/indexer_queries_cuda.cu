@@ -9,13 +9,15 @@
 
 #include "attn/cuda/indexer_queries_cuda.h"
 #include "attn/cuda/warp.cuh"
+#include "attn/cuda/pdl.cuh"
 #include "common/error.h"
 #include "numerics/quant.h"
 
 namespace dsv4 {
 namespace {
 
-constexpr int kThreads = 256;  // 8 warps; warp w serves heads w, w + 8, ...
+constexpr int kThreads = 256;  // 8 warps, one head each: CTA (t, y) serves heads 8y .. 8y + 7
+constexpr int kHeadsPerCta = kThreads / 32;
 
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
@@ -52,6 +54,7 @@ __device__ __forceinline__ void hadamard128(float (&x)[4], int lane, float scale
 
 __global__ void __launch_bounds__(kThreads) queries_kernel(const IndexerQueryParams p, float hadamard_scale,
                                                            float head_scale) {
+  cuda::pdl_start();  // pdl.cuh: launched with pdl_launch
   const int t = blockIdx.x;
   const int real = p.real_tokens ? min(max(*p.real_tokens, 0), p.num_tokens) : p.num_tokens;
   if (t >= real) return;
@@ -66,7 +69,9 @@ __global__ void __launch_bounds__(kThreads) queries_kernel(const IndexerQueryPar
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nI = p.num_heads;
   const bool fp8 = p.out.format == IndexKeyFormat::kFp8;
-  for (int h = warp; h < nI; h += kThreads / 32) {
+  // One head per warp (a warp's loop over several heads would serialize its
+  // loads behind its stores, which may alias as far as the compiler knows).
+  for (int h = int(blockIdx.y) * kHeadsPerCta + warp; h < nI; h += int(gridDim.y) * kHeadsPerCta) {
     const uint2 raw = *reinterpret_cast<const uint2*>(p.q_raw + t * p.q_ld + int64_t(kIndexDim) * h + 4 * lane);
     float x[4] = {bf16_lo(raw.x), bf16_hi(raw.x), bf16_lo(raw.y), bf16_hi(raw.y)};
     if (lane >= 16) {  // dims 64..127: rope pairs i = 2 (lane - 16) and i + 1
@@ -103,8 +108,9 @@ __global__ void __launch_bounds__(kThreads) queries_kernel(const IndexerQueryPar
       if ((lane & 7) == 0) p.out.scales[e * kIndexerScaleBytes + lane / 8] = ue8m0_from_exponent(ex);
     }
   }
-  for (int h = threadIdx.x; h < nI; h += kThreads)
-    p.out.weights[int64_t(t) * nI + h] = round_bf16(__fmul_rn(round_bf16(p.proj[t * p.proj_ld + h]), head_scale));
+  if (blockIdx.y == 0)
+    for (int h = threadIdx.x; h < nI; h += kThreads)
+      p.out.weights[int64_t(t) * nI + h] = round_bf16(__fmul_rn(round_bf16(p.proj[t * p.proj_ld + h]), head_scale));
 }
 
 bool aligned(const void* ptr, size_t a) { return reinterpret_cast<uintptr_t>(ptr) % a == 0; }
@@ -124,7 +130,9 @@ void check_indexer_queries_cuda_params(const IndexerQueryParams& p) {
 void indexer_queries_cuda(const IndexerQueryParams& p, CUstream_st* stream) {
   check_indexer_queries_cuda_params(p);
   if (p.num_tokens == 0) return;
-  queries_kernel<<<p.num_tokens, kThreads, 0, stream>>>(p, indexer_hadamard_scale(), indexer_head_scale(p.weight_heads()));
+  const dim3 grid(unsigned(p.num_tokens), unsigned((p.num_heads + kHeadsPerCta - 1) / kHeadsPerCta));
+  cuda::pdl_launch(queries_kernel, grid, kThreads, 0, stream, p, indexer_hadamard_scale(),
+                    indexer_head_scale(p.weight_heads()));
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw Error(std::string("indexer queries (cuda): launch: ") + cudaGetErrorString(e));
 }

@@ -44,6 +44,7 @@
 #include "attn/cuda/indexer_select_internal.cuh"
 #include "attn/cuda/indexer_topk.cuh"
 #include "attn/cuda/ptx.cuh"
+#include "attn/cuda/pdl.cuh"
 
 namespace dsv4::cuda::ix {
 namespace {
@@ -574,6 +575,7 @@ __device__ void write_lists(const SelectArgs& a, const Smem& s, const Group& gr,
 
 template <bool kFp8, bool kSelect>
 __global__ void __launch_bounds__(kScoreThreads, 1) score_kernel(const SelectArgs a) {
+  pdl_start();  // pdl.cuh: launched with pdl_launch
   extern __shared__ uint8_t smem_raw[];
   const Smem s{reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
   Misc* m = s.misc<kFp8>();
@@ -613,7 +615,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1) score_kernel(const SelectArg
 
 template <bool kFp8, bool kSelect>
 void launch(const SelectArgs& a, int grid, cudaStream_t stream) {
-  score_kernel<kFp8, kSelect><<<grid, kScoreThreads, smem_bytes<kFp8>(), stream>>>(a);
+  pdl_launch(score_kernel<kFp8, kSelect>, grid, kScoreThreads, smem_bytes<kFp8>(), stream, a);
 }
 
 }  // namespace

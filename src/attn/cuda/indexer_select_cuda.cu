@@ -81,8 +81,12 @@ IndexerSelectCuda::IndexerSelectCuda(const IndexerSelectCudaLimits& limits) : im
     cuda::ix::Workspace& ws = impl_->ws;
     const int tokens = std::max(1, limits.max_tokens);
     ws.target_units = kUnitsPerSm * impl_->grid;
-    // A unit of one token holds at least 2k keys, so its list keeps at most half of them.
-    ws.min_unit_tiles = std::max(1, 2 * ((limits.topk + cuda::ix::kTileKeys - 1) / cuda::ix::kTileKeys));
+    // A unit has at least a tile for each of its two warpgroups. (It was 2k
+    // keys, so that a list keeps at most half of its unit's keys; but the
+    // bound only binds when the step's work is small, where spreading it
+    // wins: a decode token at 4K context scored its 16 tiles on one CTA,
+    // 39 us, instead of eight; docs/perf-notes.md.)
+    ws.min_unit_tiles = 2;
     // Merging S lists of k keys costs about S * k * 32 bytes of reads on one
     // multiprocessor; 64 balances that against the scoring's parallelism for
     // a single token at 1M context (4,096 tiles).

@@ -29,6 +29,7 @@
 
 #include "attn/cuda/act_quant.cuh"
 #include "attn/cuda/linear_internal.h"
+#include "attn/cuda/pdl.cuh"
 #include "attn/cuda/warp.cuh"
 
 namespace dsv4::cuda::detail {
@@ -334,6 +335,7 @@ __global__ void __launch_bounds__(kGemvThreads, MT <= 4 ? 2 : 1) gemv_kernel(con
 #pragma unroll
   for (int i = 0; i < kGemvDepth - 1; ++i)
     if (i < stages) load_stage(buf[i], i);
+  pdl_start();  // pdl.cuh: the weights above are read while the previous kernel ends
   stage_activation<W, T>(a, xs, xstride, xsc, kc, group * a.k + k0);
   __syncthreads();
   for (int base = 0; base < stages; base += kGemvDepth) {
@@ -366,7 +368,7 @@ template <GemvWeight W, int MT>
 void gemv_launch_mt(const GemvArgs& a, cudaStream_t stream) {
   const int64_t nrb = (a.n + kGemvCtaRows - 1) / kGemvCtaRows;
   const size_t smem = gemv_smem_bytes<W>(8 * MT, a.k / a.splits);
-  gemv_kernel<W, MT><<<dim3(unsigned(nrb), unsigned(a.splits)), kGemvThreads, smem, stream>>>(a);
+  pdl_launch(gemv_kernel<W, MT>, dim3(unsigned(nrb), unsigned(a.splits)), kGemvThreads, smem, stream, a);
 }
 
 // Allows the largest shared-memory slice this instantiation can be launched with.

@@ -3,6 +3,7 @@
 
 #include "attn/cuda/act_quant.cuh"
 #include "attn/cuda/linear_internal.h"
+#include "attn/cuda/pdl.cuh"
 
 namespace dsv4::cuda::detail {
 namespace {
@@ -11,6 +12,7 @@ constexpr int kQuantWarps = 8;
 
 // One warp per (row, 128-block): lane l quantizes elements 4l .. 4l+3.
 __global__ void __launch_bounds__(32 * kQuantWarps) quantize_bf16_kernel(const uint16_t* x, int64_t ldx, Fp8ActOut out) {
+  pdl_start();  // pdl.cuh: launched with pdl_launch
   const int kblocks = out.cols / kActBlock;
   const int64_t item = int64_t(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
   if (item >= int64_t(out.rows) * kblocks) return;
@@ -33,7 +35,7 @@ void launch_quantize_bf16(const uint16_t* x, int64_t ldx, const Fp8ActOut& out, 
   const int64_t items = int64_t(out.rows) * (out.cols / kActBlock);
   if (items == 0) return;
   const unsigned blocks = unsigned((items + kQuantWarps - 1) / kQuantWarps);
-  quantize_bf16_kernel<<<blocks, 32 * kQuantWarps, 0, stream>>>(x, ldx, out);
+  pdl_launch(quantize_bf16_kernel, blocks, 32 * kQuantWarps, 0, stream, x, ldx, out);
   check_cuda(cudaGetLastError(), "quantize kernel launch");
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "attn/cuda/fused_common.cuh"
+#include "attn/cuda/pdl.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -15,6 +16,7 @@ constexpr int kTailChunks = kRopeDim / 8;  // 16-byte chunks of a head's dims 44
 
 __global__ void __launch_bounds__(kThreads)
     out_rope_kernel(const OutInverseRopeParams p, const __grid_constant__ RopeFreqs rf) {
+  pdl_start();  // pdl.cuh: launched with pdl_launch
   __shared__ float2 cs_s[kRopeDim / 2];
   const int t = blockIdx.x;
   if (threadIdx.x < kRopeDim / 2)
@@ -52,7 +54,7 @@ void check_out_inverse_rope_params(const OutInverseRopeParams& p) {
 void out_inverse_rope_cuda(const OutInverseRopeParams& p, CUstream_st* stream) {
   check_out_inverse_rope_params(p);
   if (p.num_tokens == 0) return;
-  out_rope_kernel<<<unsigned(p.num_tokens), kThreads, 0, stream>>>(p, rope_freqs(*p.rope));
+  pdl_launch(out_rope_kernel, unsigned(p.num_tokens), kThreads, 0, stream, p, rope_freqs(*p.rope));
   cuda_check(cudaGetLastError(), "out_inverse_rope (cuda): launch");
 }
 

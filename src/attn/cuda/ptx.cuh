@@ -1,10 +1,12 @@
 #pragma once
 // Thin wrappers over the PTX the attention kernels use: cp.async, wgmma,
-// named barriers, mbarriers, clusters, register reallocation and
-// programmatic dependent launch.
+// named barriers, mbarriers, clusters, register reallocation (and, from
+// pdl.cuh, programmatic dependent launch).
 // Every asm that touches memory is volatile with a memory clobber so the
 // compiler cannot move it across a barrier.
 #include <cstdint>
+
+#include "attn/cuda/pdl.cuh"
 
 namespace dsv4::cuda {
 
@@ -89,12 +91,6 @@ __device__ __forceinline__ void wgmma_m64n256k16_tb(float (&d)[128], uint64_t da
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
-// Programmatic dependent launch: lets the grid launched after this one (with
-// the programmatic-serialization attribute) start before this one ends.
-__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-// Waits until the grids this one depends on have completed and their memory
-// is visible (a no-op when it was launched without the attribute).
-__device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 // ---- named barriers, mbarriers, register reallocation (sm_90) ----------------
 // Named barrier `id` (0 is __syncthreads) among `count` threads, a multiple of 32.

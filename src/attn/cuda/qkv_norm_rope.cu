@@ -9,6 +9,7 @@
 #include "attn/cuda/act_quant.cuh"
 #include "attn/cuda/fused_common.cuh"
 #include "attn/cuda/kv_record.cuh"
+#include "attn/cuda/pdl.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -19,6 +20,7 @@ constexpr int kRopeThread0 = kNopeDim / 4;          // kv thread holding dims 44
 
 __global__ void __launch_bounds__(1024)
     qkv_norm_rope_kernel(const QkvNormRopeParams p, const __grid_constant__ RopeFreqs rf) {
+  pdl_start();  // pdl.cuh: launched with pdl_launch
   __shared__ double red[32];
   const int t = blockIdx.x, warp = int(threadIdx.x >> 5);
   const int nq = p.q_lora / 128;
@@ -78,7 +80,7 @@ void qkv_norm_rope_cuda(const QkvNormRopeParams& p, CUstream_st* stream) {
   check_qkv_norm_rope_params(p);
   if (p.num_tokens == 0) return;
   const int threads = 32 * (p.q_lora / 128 + kKvWarps);
-  qkv_norm_rope_kernel<<<unsigned(p.num_tokens), unsigned(threads), 0, stream>>>(p, rope_freqs(*p.rope));
+  pdl_launch(qkv_norm_rope_kernel, unsigned(p.num_tokens), unsigned(threads), 0, stream, p, rope_freqs(*p.rope));
   cuda_check(cudaGetLastError(), "qkv_norm_rope (cuda): launch");
 }
 

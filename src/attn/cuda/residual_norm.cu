@@ -10,6 +10,7 @@
 
 #include "attn/cuda/act_quant.cuh"
 #include "attn/cuda/fused_common.cuh"
+#include "attn/cuda/pdl.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -22,6 +23,7 @@ int warps_for(int dim) { return std::min(kMaxWarps, dim / 128); }
 
 template <int kBlocks>
 __global__ void __launch_bounds__(kMaxWarps * 32, 2) residual_norm_kernel(const ResidualNormParams p) {
+  pdl_start();  // pdl.cuh: launched with pdl_launch
   __shared__ double red[kMaxWarps];
   const int t = blockIdx.x, warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   const int warps = int(blockDim.x >> 5), blocks = p.dim / 128;
@@ -102,11 +104,11 @@ void residual_norm_cuda(const ResidualNormParams& p, CUstream_st* stream) {
   const int warps = warps_for(p.dim), per_warp = (p.dim / 128 + warps - 1) / warps;
   const dim3 grid(unsigned(p.num_tokens)), block(unsigned(32 * warps));
   if (per_warp <= 2)
-    residual_norm_kernel<2><<<grid, block, 0, stream>>>(p);
+    pdl_launch(residual_norm_kernel<2>, grid, block, 0, stream, p);
   else if (per_warp <= 4)
-    residual_norm_kernel<4><<<grid, block, 0, stream>>>(p);
+    pdl_launch(residual_norm_kernel<4>, grid, block, 0, stream, p);
   else
-    residual_norm_kernel<kMaxBlocks><<<grid, block, 0, stream>>>(p);
+    pdl_launch(residual_norm_kernel<kMaxBlocks>, grid, block, 0, stream, p);
   cuda_check(cudaGetLastError(), "residual_norm (cuda): launch");
 }
 

@@ -17,6 +17,7 @@
 // size) then run without any merge, small ones spread a long row over many
 // SMs.
 #include "attn/cuda/sparse_mla_internal.cuh"
+#include "attn/cuda/pdl.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -44,6 +45,7 @@ __device__ __forceinline__ int split_penalty(int per, int split_units) { return 
 constexpr int kMaxPartials = 64;
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ AttnParams p) {
+  pdl_start();  // pdl.cuh: launched with pdl_launch
   __shared__ int warp_sums[kPlanThreads / 32];
   __shared__ int s_total, s_makespan, s_splits, s_longest, s_cut, s_parts;
   __shared__ int load[kMaxGrid];  // tiles per slot with whole units
@@ -144,7 +146,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
 }  // namespace
 
 void launch_plan(const AttnParams& p, cudaStream_t stream) {
-  plan_kernel<<<1, kPlanThreads, 0, stream>>>(p);
+  pdl_launch(plan_kernel, 1, kPlanThreads, 0, stream, p);
 }
 
 }  // namespace dsv4::cuda

@@ -633,6 +633,9 @@ TEST(FusedChecks, BadParamsThrowBeforeLaunching) {
   EXPECT_NO_THROW(cuda::check_q_head_norm_rope_params(h));
   h.q_ld = 64 * 512 + 4;  // rows not 16-byte aligned
   EXPECT_THROW(cuda::check_q_head_norm_rope_params(h), Error);
+  h.q_ld = 64 * 512;
+  h.num_tokens = 1 << 25;  // 2^31 (token, head) rows: past the kernel's int row numbers
+  EXPECT_THROW(cuda::check_q_head_norm_rope_params(h), Error);
 
   cuda::OutInverseRopeParams o;
   o.num_tokens = 1;

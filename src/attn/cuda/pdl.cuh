@@ -1,0 +1,50 @@
+#pragma once
+// Programmatic dependent launch (PDL) for the layer's kernels. A decode step
+// is ~20 small dependent kernels per layer; launched plainly, each one's
+// launch and ramp-up waits for the previous one to drain. Launched with
+// pdl_launch, a kernel's CTAs may become resident while the previous kernel
+// still runs; they must call pdl_start() before touching memory that an
+// earlier kernel writes (or reads: its outputs may still be in use). Nothing
+// else changes: griddepcontrol.wait returns once every earlier grid has
+// completed and its writes are visible, so results are those of plain stream
+// order. A kernel may read data that no kernel writes (weights) before
+// pdl_start() to overlap that traffic with the previous kernel's tail.
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace dsv4::cuda {
+
+// Lets the grid launched after this one (with the PDL attribute) start
+// before this one ends.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// Waits until the grids this one depends on have completed and their memory
+// is visible (a no-op when it was launched without the attribute).
+__device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// First statement of a kernel launched with pdl_launch: the next kernel may
+// start its CTAs, and this one waits for everything before it.
+__device__ __forceinline__ void pdl_start() {
+  launch_dependents();
+  wait_for_prior_grids();
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream
+// serialization allowed. Errors surface in the caller's cudaGetLastError().
+template <typename... Params, typename... Args>
+inline void pdl_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace dsv4::cuda
