@@ -8,8 +8,9 @@
 // Units: with W = sum over groups of tokens x tiles ("token-tiles", the
 // scoring work), each unit carries about L = ceil(W / target_units) of it,
 // and at least min_unit_tiles tiles (one per warpgroup); a group has at
-// most max_group_units units (finalize merges a token's lists on one CTA). A group of c tokens and n tiles is cut
-// into S = min(ceil(c n / L), max(1, n / min_unit_tiles), max_group_units)
+// most max_group_units units (finalize merges a token's lists on one CTA).
+// A group of c tokens and n tiles is cut into
+// S = min(ceil(c n / L), max(1, n / min_unit_tiles), max_group_units)
 // units of consecutive tiles. Then sum S <= target + groups and
 // sum S c <= 4 target + tokens, the workspace's bounds.
 #include <cuda_runtime.h>

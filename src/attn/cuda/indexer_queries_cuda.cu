@@ -8,8 +8,8 @@
 #include <string>
 
 #include "attn/cuda/indexer_queries_cuda.h"
-#include "attn/cuda/warp.cuh"
 #include "attn/cuda/pdl.cuh"
+#include "attn/cuda/warp.cuh"
 #include "common/error.h"
 #include "numerics/quant.h"
 

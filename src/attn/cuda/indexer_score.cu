@@ -43,8 +43,8 @@
 #include "attn/cuda/indexer_mma.cuh"
 #include "attn/cuda/indexer_select_internal.cuh"
 #include "attn/cuda/indexer_topk.cuh"
-#include "attn/cuda/ptx.cuh"
 #include "attn/cuda/pdl.cuh"
+#include "attn/cuda/ptx.cuh"
 
 namespace dsv4::cuda::ix {
 namespace {
