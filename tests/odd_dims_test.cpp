@@ -18,6 +18,7 @@
 #include "numerics/bf16.h"
 #include "runtime/engine.h"
 #include "support/error_of.h"
+#include "support/random.h"
 
 namespace dsv4 {
 namespace {
@@ -31,14 +32,6 @@ ModelConfig odd_config(int hidden = 320, int o_lora = 80) {
   c.o_lora_rank = o_lora;
   c.validate();
   return c;
-}
-
-std::vector<float> normal(size_t n, uint32_t seed, float sd = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
 }
 
 WeightMatrix bf16_matrix(const std::vector<float>& values, int64_t rows, int64_t cols) {
@@ -76,8 +69,8 @@ TEST(OddDims, LinearMatchesAFloat64Product) {
   // FP8 weights with partial scale blocks and bf16 weights, cached or not.
   const int T = 5;
   for (auto [out, in] : {std::pair<int64_t, int64_t>{160, 320}, {512, 160}, {200, 160}, {80, 320}}) {
-    const std::vector<float> values = normal(size_t(out * in), uint32_t(out * 1000 + in), 0.05f);
-    const std::vector<float> x = normal(size_t(T * in), 7);
+    const std::vector<float> values = randn(size_t(out * in), uint32_t(out * 1000 + in), 0.05f);
+    const std::vector<float> x = randn(size_t(T * in), 7);
     for (bool fp8 : {true, false}) {
       const WeightMatrix m = fp8 ? quantize_fp8_matrix("w", values, out, in) : bf16_matrix(values, out, in);
       if (fp8) {
@@ -107,8 +100,8 @@ TEST(OddDims, LinearMatchesAFloat64Product) {
 TEST(OddDims, GroupedRowsOfAnOddWidth) {
   // wo_a's shape: 2 groups of 80 rows, each run on its column block of the input.
   const int T = 3, G = 2, r = 80, in = 1024;
-  const WeightMatrix m = bf16_matrix(normal(size_t(G * r * in), 11, 0.03f), G * r, in);
-  const std::vector<float> x = normal(size_t(T * G * in), 12);
+  const WeightMatrix m = bf16_matrix(randn(size_t(G * r * in), 11, 0.03f), G * r, in);
+  const std::vector<float> x = randn(size_t(T * G * in), 12);
   std::vector<float> u(size_t(T * G * r), NAN);
   for (int g = 0; g < G; ++g) {
     const Linear lin(&m, LinearMode::kBf16, true, int64_t(g) * r, r);
@@ -199,7 +192,7 @@ TEST(OddDims, LayersEqualTheZeroPaddedModel) {
     const StepMetadata sa = a.plan(steps[step], ea), sb = b.plan(steps[step], eb);
     ASSERT_TRUE(ea.empty() && eb.empty()) << (ea.empty() ? eb[0].message : ea[0].message);
     const int T = sa.num_tokens();
-    const std::vector<float> xa = normal(size_t(T) * 320, uint32_t(100 + step));
+    const std::vector<float> xa = randn(size_t(T) * 320, uint32_t(100 + step));
     std::vector<float> xb(size_t(T) * 384, 0.0f);
     for (int t = 0; t < T; ++t) std::copy_n(xa.begin() + t * 320, 320, xb.begin() + t * 384);
     std::vector<std::vector<float>> outs_b;

@@ -12,20 +12,9 @@
 #include "numerics/rmsnorm.h"
 #include "numerics/rope.h"
 #include "runtime/engine.h"
+#include "support/random.h"
 
 using namespace dsv4;
-
-namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-}  // namespace
 
 TEST(TopK, MatchesAFullSortWithTiesToTheLowerSlot) {
   std::mt19937 rng(1);

@@ -11,21 +11,12 @@
 #include "numerics/hadamard.h"
 #include "numerics/rmsnorm.h"
 #include "numerics/rope.h"
+#include "support/random.h"
 
 using namespace dsv4;
 
-namespace {
-std::vector<float> random_vec(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0, 1);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-}  // namespace
-
 TEST(Hadamard, MatchesTheSylvesterMatrix) {
-  const auto x = random_vec(128, 1);
+  const auto x = randn(128, 1);
   auto y = x;
   hadamard_rotate(y.data(), 128);
   for (int i = 0; i < 128; ++i) {
@@ -36,7 +27,7 @@ TEST(Hadamard, MatchesTheSylvesterMatrix) {
 }
 
 TEST(Hadamard, IsOrthonormalAndAnInvolution) {
-  auto a = random_vec(128, 2), b = random_vec(128, 3);
+  auto a = randn(128, 2), b = randn(128, 3);
   double dot0 = 0;
   for (int i = 0; i < 128; ++i) dot0 += double(a[i]) * b[i];
   const auto a0 = a;
@@ -76,7 +67,7 @@ TEST(Rope, YarnRampBoundsAndFrequencies) {
 
 TEST(Rope, RotatesPairsAndInverts) {
   const Rope rope(preset_config("flash").rope_params(LayerType::kC128A));
-  const auto x = random_vec(64, 4);
+  const auto x = randn(64, 4);
   auto y = x;
   rope.apply(y.data(), 0);
   for (int i = 0; i < 64; ++i) EXPECT_EQ(y[i], x[i]);  // position 0 is the identity
@@ -92,7 +83,7 @@ TEST(Rope, RotatesPairsAndInverts) {
 }
 
 TEST(RmsNorm, MatchesTheFormula) {
-  const auto x = random_vec(512, 5), w = random_vec(512, 6);
+  const auto x = randn(512, 5), w = randn(512, 6);
   std::vector<float> y(512);
   rms_norm(x.data(), w.data(), 512, 1e-6f, y.data());
   double ss = 0;
@@ -104,7 +95,7 @@ TEST(RmsNorm, MatchesTheFormula) {
 }
 
 TEST(RmsNorm, Bf16ArithmeticRoundsEveryStep) {
-  auto x = random_vec(512, 7);
+  auto x = randn(512, 7);
   for (auto& v : x) v = round_bf16(v);
   auto y = x;
   rms_norm_bf16_arith(y.data(), 512, 1e-6f);
