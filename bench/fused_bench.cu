@@ -223,11 +223,11 @@ Case residual_case(int T) {
 }
 
 // One compressor: ratio m, entry dim c, record.
-Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::CompressedRecord record) {
+Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::EntryFormat record) {
   const int kc = (m == 4 ? 2 : 1) * cdim, row = 2 * kc, Bs = m == 4 ? 4 : 128;
-  const int Bo = record == dsv4::CompressedRecord::kFp8DsMla && m == 128 ? 2 : 64;
-  const int record_bytes = record == dsv4::CompressedRecord::kFp8DsMla    ? 584
-                           : record == dsv4::CompressedRecord::kIndexFp8 ? 132
+  const int Bo = record == dsv4::EntryFormat::kFp8DsMla && m == 128 ? 2 : 64;
+  const int record_bytes = record == dsv4::EntryFormat::kFp8DsMla    ? 584
+                           : record == dsv4::EntryFormat::kIndexFp8 ? 132
                                                                           : 68;
   int entries = 0;
   for (int t = 0; t < T; ++t) entries += (position(T, t) + 1) % m == 0;
@@ -284,7 +284,7 @@ Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::Comp
     p.state = dsv4::KvPagesMut{reinterpret_cast<uint8_t*>(in.mem.f32(size_t(state_pages) * row * Bs, seed + 3)),
                                state_pages, Bs, s_stride};
     const int64_t out_pages = next_out / Bo + 1;
-    const size_t o_stride = dsv4::compressed_record_page_stride(record, cdim, Bo);
+    const size_t o_stride = dsv4::entry_page_stride(record, Bo, cdim);
     p.out = dsv4::KvPagesMut{in.mem.bytes(size_t(out_pages) * o_stride), out_pages, Bo, o_stride};
     p.record = record;
     p.hadamard = cdim == 128;
@@ -336,9 +336,9 @@ int main(int argc, char** argv) {
     run_case(q_head_case(T), s);
     run_case(out_rope_case(T), s);
     run_case(residual_case(T), s);
-    run_case(compressor_case("compressor c4a", T, 4, 512, dsv4::CompressedRecord::kFp8DsMla), s);
-    run_case(compressor_case("compressor c4a idx", T, 4, 128, dsv4::CompressedRecord::kIndexMxfp4), s);
-    run_case(compressor_case("compressor c128a", T, 128, 512, dsv4::CompressedRecord::kFp8DsMla), s);
+    run_case(compressor_case("compressor c4a", T, 4, 512, dsv4::EntryFormat::kFp8DsMla), s);
+    run_case(compressor_case("compressor c4a idx", T, 4, 128, dsv4::EntryFormat::kIndexMxfp4), s);
+    run_case(compressor_case("compressor c128a", T, 128, 512, dsv4::EntryFormat::kFp8DsMla), s);
   }
   CHECK(cudaStreamDestroy(s));
   std::printf("bytes us: the bytes at %.1f TB/s; ratio: time / bytes us; R: buffer copies rotated\n",

@@ -4,20 +4,9 @@
 #include <string>
 
 #include "cache/fp8_ds_mla.h"
-#include "cache/index_key_format.h"
 #include "common/error.h"
 
 namespace dsv4 {
-
-size_t compressed_record_page_stride(CompressedRecord record, int c, int B) {
-  switch (record) {
-    case CompressedRecord::kFp8DsMla: return fp8_ds_mla_page_stride(B);
-    case CompressedRecord::kIndexFp8: return index_key_page_stride(IndexKeyFormat::kFp8, B);
-    case CompressedRecord::kIndexMxfp4: return index_key_page_stride(IndexKeyFormat::kMxfp4, B);
-    case CompressedRecord::kF32: return sizeof(float) * size_t(c) * size_t(B);
-  }
-  return 0;
-}
 
 void check_compressor_params(const CompressorParams& p) {
   const std::string what = "compressor: ";
@@ -25,8 +14,8 @@ void check_compressor_params(const CompressorParams& p) {
   if (p.num_tokens == 0) return;
   DSV4_REQUIRE(p.ratio == 4 || p.ratio == 128, what + "ratio must be 4 or 128, not " + std::to_string(p.ratio));
   DSV4_REQUIRE(p.dim == 512 || p.dim == 128, what + "dim must be 512 or 128, not " + std::to_string(p.dim));
-  const bool index_record = p.record == CompressedRecord::kIndexFp8 || p.record == CompressedRecord::kIndexMxfp4;
-  DSV4_REQUIRE(p.record != CompressedRecord::kFp8DsMla || p.dim == kKvDim, what + "fp8_ds_mla records need dim 512");
+  const bool index_record = p.record == EntryFormat::kIndexFp8 || p.record == EntryFormat::kIndexMxfp4;
+  DSV4_REQUIRE(p.record != EntryFormat::kFp8DsMla || p.dim == kKvDim, what + "fp8_ds_mla records need dim 512");
   DSV4_REQUIRE(!index_record || p.dim == kIndexDim, what + "indexer key records need dim 128");
   DSV4_REQUIRE(p.proj && p.ape && p.norm && p.rope, what + "proj, ape, norm and rope are required");
   DSV4_REQUIRE(p.positions && p.token_run && p.row_slot && p.entry_slot,
@@ -41,7 +30,7 @@ void check_compressor_params(const CompressorParams& p) {
   DSV4_REQUIRE(p.state_table.width >= 0 && (p.state_table.width == 0 || (p.state_table.pages && p.state_table.first)),
           what + "state table without pages or first blocks");
   DSV4_REQUIRE(p.out.base && p.out.num_pages > 0 && p.out.entries_per_page > 0, what + "no output pages");
-  DSV4_REQUIRE(p.out.page_stride >= compressed_record_page_stride(p.record, p.dim, p.out.entries_per_page),
+  DSV4_REQUIRE(p.out.page_stride >= entry_page_stride(p.record, p.out.entries_per_page, p.dim),
           what + "output page stride smaller than its records");
 }
 

@@ -18,19 +18,12 @@
 #include <cstdint>
 
 #include "cache/block_table.h"
+#include "cache/cache_spec.h"
 #include "cache/pages.h"
 
 namespace dsv4 {
 
 class Rope;
-
-// The byte format of the compressed entries.
-enum class CompressedRecord {
-  kFp8DsMla,    // main compressor (c = 512): fp8_ds_mla, SPEC §6
-  kIndexFp8,    // indexer compressor (c = 128): FP8 key, 132 bytes
-  kIndexMxfp4,  // indexer compressor (c = 128): MXFP4 key, 68 bytes
-  kF32,         // c plain floats (exact-profile caches; CPU only)
-};
 
 struct CompressorParams {
   int num_tokens = 0;
@@ -59,7 +52,7 @@ struct CompressorParams {
   KvPagesMut state;            // f32 rows: row t of a page at byte 4 * row_floats() * t
   KvPagesMut out;              // records in `record`'s page layout
 
-  CompressedRecord record = CompressedRecord::kFp8DsMla;
+  EntryFormat record = EntryFormat::kFp8DsMla;
   bool bf16_rounding = true;  // production numerics (SPEC §5); false: exact profile
   bool hadamard = false;      // rotate the finished entry (production indexer keys)
 
@@ -67,9 +60,6 @@ struct CompressorParams {
   constexpr int kc() const { return coff() * dim; }
   constexpr int row_floats() const { return 2 * kc(); }
 };
-
-// Page stride in bytes of `record`'s pages with B entries of c floats.
-size_t compressed_record_page_stride(CompressedRecord record, int c, int B);
 
 // Throws Error naming the first problem: shapes, null pointers, page
 // geometry (the backends add their own alignment checks).

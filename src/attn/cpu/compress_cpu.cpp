@@ -42,12 +42,12 @@ void compressor_finish(float* v, int c, const float* norm, float eps, const Rope
   }
 }
 
-void compressor_encode(CompressedRecord record, const float* v, int c, uint8_t* page, int B, int t) {
+void compressor_encode(EntryFormat record, const float* v, int c, uint8_t* page, int B, int t) {
   switch (record) {
-    case CompressedRecord::kFp8DsMla: fp8_ds_mla_encode(v, page, B, t); return;
-    case CompressedRecord::kIndexFp8: index_key_encode(IndexKeyFormat::kFp8, v, page, B, t); return;
-    case CompressedRecord::kIndexMxfp4: index_key_encode(IndexKeyFormat::kMxfp4, v, page, B, t); return;
-    case CompressedRecord::kF32:
+    case EntryFormat::kFp8DsMla: fp8_ds_mla_encode(v, page, B, t); return;
+    case EntryFormat::kIndexFp8: index_key_encode(IndexKeyFormat::kFp8, v, page, B, t); return;
+    case EntryFormat::kIndexMxfp4: index_key_encode(IndexKeyFormat::kMxfp4, v, page, B, t); return;
+    case EntryFormat::kF32:
       std::memcpy(page + sizeof(float) * size_t(c) * size_t(t), v, sizeof(float) * size_t(c));
   }
 }

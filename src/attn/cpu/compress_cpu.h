@@ -29,7 +29,7 @@ void compressor_finish(float* v, int c, const float* norm, float eps, const Rope
                        bool bf16_rounding, bool hadamard);
 
 // Encodes a finished entry (c floats) as `record` into entry t of a page of B entries.
-void compressor_encode(CompressedRecord record, const float* v, int c, uint8_t* page, int B, int t);
+void compressor_encode(EntryFormat record, const float* v, int c, uint8_t* page, int B, int t);
 
 // ---- the CPU twin of the CUDA compressor -------------------------------------
 

@@ -6,19 +6,6 @@
 #include "common/error.h"
 
 namespace dsv4 {
-namespace {
-
-CompressedRecord record_of(EntryFormat f) {
-  switch (f) {
-    case EntryFormat::kFp8DsMla: return CompressedRecord::kFp8DsMla;
-    case EntryFormat::kIndexFp8: return CompressedRecord::kIndexFp8;
-    case EntryFormat::kIndexMxfp4: return CompressedRecord::kIndexMxfp4;
-    case EntryFormat::kF32: return CompressedRecord::kF32;
-  }
-  return CompressedRecord::kF32;
-}
-
-}  // namespace
 
 CompressorOp::CompressorOp(const CompressorWeights& w, Profile profile, bool cache_weights, const Rope& rope,
                            float eps, bool index_keys)
@@ -62,7 +49,7 @@ std::vector<int> CompressorOp::forward(const StepView& s, const float* x, const 
   p.state_table = io.state_table;
   p.state = io.state.pages;
   p.out = io.out.pages;
-  p.record = record_of(io.out.format);
+  p.record = io.out.format;
   p.bf16_rounding = prod;
   p.hadamard = prod && index_keys_;
   compress_cpu(p);

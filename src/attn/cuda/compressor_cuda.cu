@@ -15,6 +15,7 @@
 
 #include "attn/compressor_math.h"
 #include "attn/cuda/fused_common.cuh"
+#include "attn/cuda/hadamard.cuh"
 #include "attn/cuda/kv_record.cuh"
 #include "attn/cuda/pdl.cuh"
 
@@ -52,28 +53,6 @@ __global__ void __launch_bounds__(kRowThreads) state_rows_kernel(const Compresso
     reinterpret_cast<float4*>(row + kc)[k] =
         make_float4(__fadd_rn(g.x, e.x), __fadd_rn(g.y, e.y), __fadd_rn(g.z, e.z), __fadd_rn(g.w, e.w));
   }
-}
-
-// Hadamard rotation (numerics/hadamard.cpp) of 128 values over one warp,
-// lane l holding 4l .. 4l+3: for each stride h = 1, 2, 4, ..., 64 the lower
-// element of a pair becomes a + b, the upper a - b; then times the scale.
-__device__ __forceinline__ void hadamard128(float (&y)[4], float scale) {
-  const float a0 = __fadd_rn(y[0], y[1]), a1 = __fsub_rn(y[0], y[1]);  // h = 1
-  const float a2 = __fadd_rn(y[2], y[3]), a3 = __fsub_rn(y[2], y[3]);
-  y[0] = __fadd_rn(a0, a2), y[2] = __fsub_rn(a0, a2);  // h = 2
-  y[1] = __fadd_rn(a1, a3), y[3] = __fsub_rn(a1, a3);
-  const int lane = int(threadIdx.x & 31);
-#pragma unroll
-  for (int s = 1; s < 32; s *= 2) {  // h = 4s: the partner is lane ^ s
-    const bool upper = lane & s;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float o = __shfl_xor_sync(0xffffffffu, y[k], s);
-      y[k] = upper ? __fsub_rn(o, y[k]) : __fadd_rn(y[k], o);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) y[k] = __fmul_rn(y[k], scale);
 }
 
 // kDim = c threads; kBatch rows loaded at a time per thread (m = 128 pools
@@ -133,7 +112,7 @@ __global__ void __launch_bounds__(kDim)
 #pragma unroll
       for (int k = 0; k < 4; ++k) y[k] = bf16_round(y[k]);
     }
-    if (p.record == CompressedRecord::kIndexFp8)
+    if (p.record == EntryFormat::kIndexFp8)
       store_index_key_fp8(page, B, te, i, y);
     else
       store_index_key_mxfp4(page, B, te, i, y);
@@ -146,7 +125,7 @@ void check_compressor_cuda_params(const CompressorParams& p) {
   check_compressor_params(p);
   if (p.num_tokens == 0) return;
   const std::string what = "compressor (cuda)";
-  DSV4_REQUIRE(p.record != CompressedRecord::kF32, what + ": f32 records are CPU only");
+  DSV4_REQUIRE(p.record != EntryFormat::kF32, what + ": f32 records are CPU only");
   DSV4_REQUIRE(p.bf16_rounding, what + ": production numerics only (bf16_rounding)");
   DSV4_REQUIRE(!p.hadamard || p.dim == kIndexDim, what + ": the Hadamard rotation runs on 128-dim entries only");
   DSV4_REQUIRE(aligned(p.proj, 16) && p.proj_ld % 4 == 0 && p.a_col % 4 == 0 && p.g_col % 4 == 0,
@@ -154,7 +133,7 @@ void check_compressor_cuda_params(const CompressorParams& p) {
   DSV4_REQUIRE(aligned(p.ape, 16), what + ": ape must be 16-byte aligned");
   DSV4_REQUIRE(aligned(p.state.base, 16) && p.state.page_stride % 16 == 0,
           what + ": state base and page stride must be 16-byte aligned");
-  check_pages_out(p.out, compressed_record_page_stride(p.record, p.dim, p.out.entries_per_page), what + " out");
+  check_pages_out(p.out, entry_page_stride(p.record, p.out.entries_per_page, p.dim), what + " out");
 }
 
 void compressor_cuda(const CompressorParams& p, CUstream_st* stream) {

@@ -18,6 +18,8 @@
 // that a corrupt cache shows up as NaN, as on the CPU.
 #include <cstdint>
 
+#include "attn/cuda/warp.cuh"
+
 namespace dsv4::cuda {
 
 // bf16 bits of 2^e for e in [-133, 127] (subnormals below -126); e = 128
@@ -54,12 +56,6 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
   uint32_t d;
   // Generic prmt mode: selector nibble bit 3 replicates the selected byte's sign.
   asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(a), "r"(sel));
-  return d;
-}
-
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
 

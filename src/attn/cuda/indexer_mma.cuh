@@ -10,6 +10,8 @@
 // 8 i + 2 q + c.
 #include <cstdint>
 
+#include "attn/cuda/warp.cuh"
+
 namespace dsv4::cuda::ix {
 
 // D[64 x 64] (+)= A[64 x 32] B[32 x 64], s8 x s8 -> s32; A in registers, B
@@ -73,15 +75,6 @@ __device__ __forceinline__ uint32_t relu_bf16x2(float lo, float hi) {
   asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
-// Both halves multiplied and rounded once to bf16 (the product of two bf16
-// values is exact in fp32, so this is bf16(fp32(a * b))).
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-__device__ __forceinline__ float bf16x2_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf16x2_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
 // An s32 accumulator (|v| < 2^22) as float, exactly: 1.5 * 2^23 + v has
 // exponent 23 and v in its mantissa.

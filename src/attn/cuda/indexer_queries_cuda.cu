@@ -8,6 +8,8 @@
 #include <string>
 
 #include "attn/cuda/indexer_queries_cuda.h"
+#include "attn/cuda/fused_common.cuh"
+#include "attn/cuda/hadamard.cuh"
 #include "attn/cuda/pdl.cuh"
 #include "attn/cuda/warp.cuh"
 #include "common/error.h"
@@ -19,53 +21,14 @@ namespace {
 constexpr int kThreads = 256;  // 8 warps, one head each: CTA (t, y) serves heads 8y .. 8y + 7
 constexpr int kHeadsPerCta = kThreads / 32;
 
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-
-// The 128-point Walsh-Hadamard butterflies of numerics/hadamard.cpp on a
-// warp holding dims 4 lane .. 4 lane + 3: stages h = 1, 2 inside a lane,
-// h = 4 .. 64 between lane l and l ^ (h / 4). The lower element of a pair
-// becomes a + b, the upper a - b (a the lower's old value, b the upper's).
-__device__ __forceinline__ void hadamard128(float (&x)[4], int lane, float scale) {
-  float a = x[0], b = x[1];
-  x[0] = __fadd_rn(a, b);
-  x[1] = __fsub_rn(a, b);
-  a = x[2], b = x[3];
-  x[2] = __fadd_rn(a, b);
-  x[3] = __fsub_rn(a, b);
-  a = x[0], b = x[2];
-  x[0] = __fadd_rn(a, b);
-  x[2] = __fsub_rn(a, b);
-  a = x[1], b = x[3];
-  x[1] = __fadd_rn(a, b);
-  x[3] = __fsub_rn(a, b);
-#pragma unroll
-  for (int m = 1; m < 32; m <<= 1) {
-    const bool upper = (lane & m) != 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float other = __shfl_xor_sync(0xffffffffu, x[k], m);
-      x[k] = upper ? __fsub_rn(other, x[k]) : __fadd_rn(x[k], other);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) x[k] = __fmul_rn(x[k], scale);
-}
-
 __global__ void __launch_bounds__(kThreads) queries_kernel(const IndexerQueryParams p, float hadamard_scale,
                                                            float head_scale) {
   cuda::pdl_start();  // pdl.cuh: launched with pdl_launch
   const int t = blockIdx.x;
   const int real = p.real_tokens ? min(max(*p.real_tokens, 0), p.num_tokens) : p.num_tokens;
   if (t >= real) return;
-  __shared__ float cos_s[32], sin_s[32];
-  const int64_t pos = p.positions[t];
-  if (threadIdx.x < 32) {
-    // Rope::apply: a float32 angle, cos/sin in double rounded to float.
-    const float angle = __fmul_rn(float(pos), p.rope.inv_freq[threadIdx.x]);
-    cos_s[threadIdx.x] = float(cos(double(angle)));
-    sin_s[threadIdx.x] = float(sin(double(angle)));
-  }
+  __shared__ float2 cs_s[32];
+  if (threadIdx.x < 32) cs_s[threadIdx.x] = cuda::rope_cos_sin(p.positions[t], p.rope.inv_freq[threadIdx.x]);
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nI = p.num_heads;
   const bool fp8 = p.out.format == IndexKeyFormat::kFp8;
@@ -73,19 +36,14 @@ __global__ void __launch_bounds__(kThreads) queries_kernel(const IndexerQueryPar
   // loads behind its stores, which may alias as far as the compiler knows).
   for (int h = int(blockIdx.y) * kHeadsPerCta + warp; h < nI; h += int(gridDim.y) * kHeadsPerCta) {
     const uint2 raw = *reinterpret_cast<const uint2*>(p.q_raw + t * p.q_ld + int64_t(kIndexDim) * h + 4 * lane);
-    float x[4] = {bf16_lo(raw.x), bf16_hi(raw.x), bf16_lo(raw.y), bf16_hi(raw.y)};
+    float x[4] = {cuda::bf16x2_lo(raw.x), cuda::bf16x2_hi(raw.x), cuda::bf16x2_lo(raw.y), cuda::bf16x2_hi(raw.y)};
     if (lane >= 16) {  // dims 64..127: rope pairs i = 2 (lane - 16) and i + 1
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int i = 2 * (lane - 16) + k;
-        const float a = x[2 * k], b = x[2 * k + 1], c = cos_s[i], s = sin_s[i];
-        x[2 * k] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-        x[2 * k + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-      }
+      for (int k = 0; k < 2; ++k) cuda::rope_rotate(x[2 * k], x[2 * k + 1], cs_s[2 * (lane - 16) + k]);
 #pragma unroll
       for (int k = 0; k < 4; ++k) x[k] = round_bf16(x[k]);
     }
-    hadamard128(x, lane, hadamard_scale);
+    cuda::hadamard128(x, hadamard_scale);
 #pragma unroll
     for (int k = 0; k < 4; ++k) x[k] = round_bf16(x[k]);
     float amax = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));

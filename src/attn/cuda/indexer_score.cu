@@ -306,8 +306,8 @@ __device__ __forceinline__ void tile_epilogue(const Acc (&acc)[32], const uint32
       else
         x[c] = float(acc[4 * i + c]);
     }
-    const uint32_t m01 = mul_bf16x2(relu_bf16x2(x[0], x[1]), wp[i]);
-    const uint32_t m23 = mul_bf16x2(relu_bf16x2(x[2], x[3]), wp[i]);
+    const uint32_t m01 = bf16x2_mul(relu_bf16x2(x[0], x[1]), wp[i]);
+    const uint32_t m23 = bf16x2_mul(relu_bf16x2(x[2], x[3]), wp[i]);
     p0 = __fadd_rn(p0, bf16x2_lo(m01));
     p0 = __fadd_rn(p0, bf16x2_hi(m01));
     p1 = __fadd_rn(p1, bf16x2_lo(m23));

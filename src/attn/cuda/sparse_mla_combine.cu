@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
 }  // namespace
 
 void launch_combine(const AttnParams& p, cudaStream_t stream) {
-  launch_overlapped(combine_kernel, kCombineCtasPerSm * p.grid, kCombineThreads, 0, stream, p);
+  pdl_launch(combine_kernel, dim3(kCombineCtasPerSm * p.grid), dim3(kCombineThreads), 0, stream, p);
 }
 
 }  // namespace dsv4::cuda

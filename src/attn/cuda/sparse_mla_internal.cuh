@@ -87,31 +87,6 @@ inline constexpr int kDebugVPReady = 5;       // time V waited for S's P
 inline constexpr int kDebugVEmpty = 6;        // time V waited for a free K buffer
 inline constexpr int kDebugVStage = 7;        // time V waited for its staged records (cp.async)
 
-// Launches kernel(p) with programmatic dependent launch allowed: its CTAs may
-// start while the previous kernel in the stream still runs, so the kernel
-// must execute griddepcontrol.wait before touching anything that kernel
-// writes (and lets its own dependents start with launch_dependents). CTAs
-// come in clusters of `cluster`.
-template <typename Kernel>
-inline void launch_overlapped(Kernel kernel, int grid, int threads, size_t smem, cudaStream_t stream,
-                              const AttnParams& p, int cluster = 1) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(grid));
-  cfg.blockDim = dim3(unsigned(threads));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2]{};
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = unsigned(cluster);
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = cluster > 1 ? 2 : 1;
-  cudaLaunchKernelEx(&cfg, kernel, p);  // errors surface in the caller's cudaGetLastError()
-}
-
 // Raises the attention kernel's dynamic shared-memory limit and returns how
 // many of its CTAs (in clusters of `cluster`, 1 or 2) are resident at once
 // on this device, or -cudaError_t.

@@ -78,11 +78,11 @@ int attention_grid(int cluster) {
 void launch_attention(const AttnParams& p, cudaStream_t stream) {
   const bool diag = p.debug_clock != nullptr;
   if (p.cluster == 2)
-    launch_overlapped(diag ? sparse_mla_kernel<2, true> : sparse_mla_kernel<2, false>, p.grid, kAttnThreads, kSmemBytes,
-                      stream, p, 2);
+    pdl_launch_clustered(diag ? sparse_mla_kernel<2, true> : sparse_mla_kernel<2, false>, dim3(p.grid),
+                         dim3(kAttnThreads), kSmemBytes, stream, 2, p);
   else
-    launch_overlapped(diag ? sparse_mla_kernel<1, true> : sparse_mla_kernel<1, false>, p.grid, kAttnThreads, kSmemBytes,
-                      stream, p);
+    pdl_launch(diag ? sparse_mla_kernel<1, true> : sparse_mla_kernel<1, false>, dim3(p.grid), dim3(kAttnThreads),
+               kSmemBytes, stream, p);
 }
 
 }  // namespace dsv4::cuda

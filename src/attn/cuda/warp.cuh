@@ -39,4 +39,16 @@ __device__ __forceinline__ float bf16_load(uint16_t bits) { return __uint_as_flo
 __device__ __forceinline__ uint16_t bf16_store(float v) { return dsv4::bf16_bits(v); }
 __device__ __forceinline__ float bf16_round(float v) { return dsv4::round_bf16(v); }
 
+// The halves of a bf16x2 word as floats (low half: the lower address).
+__device__ __forceinline__ float bf16x2_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16x2_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+// Both halves multiplied and rounded once to bf16 (the product of two bf16
+// values is exact in fp32, so this is bf16(fp32(a * b))).
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
 }  // namespace dsv4::cuda

@@ -48,7 +48,7 @@ struct RunSpec {
 struct CompSpec {
   int m = 4;
   int c = 512;
-  CompressedRecord record = CompressedRecord::kFp8DsMla;
+  EntryFormat record = EntryFormat::kFp8DsMla;
   bool hadamard = false;
   std::vector<RunSpec> runs;
   bool big = false;  // state and output caches past 2 GiB, the used pages at their top
@@ -56,7 +56,7 @@ struct CompSpec {
 };
 
 int state_entries_per_page(int m) { return m == 4 ? 4 : 128; }  // the state groups' pages
-int out_entries_per_page(const CompSpec& s) { return s.record == CompressedRecord::kFp8DsMla && s.m == 128 ? 2 : 64; }
+int out_entries_per_page(const CompSpec& s) { return s.record == EntryFormat::kFp8DsMla && s.m == 128 ? 2 : 64; }
 
 // Everything a call reads, on the host, plus the rows by (run, position)
 // for the direct formula.
@@ -142,7 +142,7 @@ CompCase make_case(const CompSpec& s) {
   k.Bs = state_entries_per_page(m);
   k.Bo = out_entries_per_page(s);
   k.s_stride = sizeof(float) * size_t(k.row_floats) * size_t(k.Bs);
-  k.o_stride = compressed_record_page_stride(s.record, c, k.Bo);
+  k.o_stride = entry_page_stride(s.record, k.Bo, c);
   const int lookback = m == 4 ? 8 : 128;  // rows of earlier steps a run's entries can pool
 
   // Page counts: what the runs need, plus spares; `big` puts them past 2^31 bytes.
@@ -240,24 +240,24 @@ CompCase make_case(const CompSpec& s) {
 // ---- records --------------------------------------------------------------------------
 
 // Byte ranges (offset in the page, length) of entry t's record.
-std::vector<std::pair<size_t, size_t>> record_ranges(CompressedRecord r, int B, int t) {
+std::vector<std::pair<size_t, size_t>> record_ranges(EntryFormat r, int B, int t) {
   switch (r) {
-    case CompressedRecord::kFp8DsMla:
+    case EntryFormat::kFp8DsMla:
       return {{fp8_ds_mla_data_offset(t), kKvEntryDataBytes}, {fp8_ds_mla_scale_offset(B, t), kKvEntryScaleBytes}};
-    case CompressedRecord::kIndexFp8:
+    case EntryFormat::kIndexFp8:
       return {{size_t(kIndexDim) * t, kIndexDim}, {size_t(kIndexDim) * B + 4 * size_t(t), 4}};
-    case CompressedRecord::kIndexMxfp4:
+    case EntryFormat::kIndexMxfp4:
       return {{size_t(kIndexDim / 2) * t, kIndexDim / 2}, {size_t(kIndexDim / 2) * B + 4 * size_t(t), 4}};
-    case CompressedRecord::kF32: return {{sizeof(float) * kKvDim * size_t(t), sizeof(float) * kKvDim}};
+    case EntryFormat::kF32: return {{sizeof(float) * kKvDim * size_t(t), sizeof(float) * kKvDim}};
   }
   return {};
 }
 
-std::vector<float> decode_record(CompressedRecord r, const uint8_t* page, int B, int t) {
-  std::vector<float> v(r == CompressedRecord::kFp8DsMla ? kKvDim : kIndexDim);
-  if (r == CompressedRecord::kFp8DsMla) fp8_ds_mla_decode(page, B, t, v.data());
-  if (r == CompressedRecord::kIndexFp8) index_key_decode(IndexKeyFormat::kFp8, page, B, t, v.data());
-  if (r == CompressedRecord::kIndexMxfp4) index_key_decode(IndexKeyFormat::kMxfp4, page, B, t, v.data());
+std::vector<float> decode_record(EntryFormat r, const uint8_t* page, int B, int t) {
+  std::vector<float> v(r == EntryFormat::kFp8DsMla ? kKvDim : kIndexDim);
+  if (r == EntryFormat::kFp8DsMla) fp8_ds_mla_decode(page, B, t, v.data());
+  if (r == EntryFormat::kIndexFp8) index_key_decode(IndexKeyFormat::kFp8, page, B, t, v.data());
+  if (r == EntryFormat::kIndexMxfp4) index_key_decode(IndexKeyFormat::kMxfp4, page, B, t, v.data());
   return v;
 }
 
@@ -365,28 +365,28 @@ std::vector<RunSpec> c128a_runs() { return {{0, 100}, {0, 128}, {200, 150}, {104
 
 class Compressor : public DeviceTest {};
 
-TEST_F(Compressor, C4AMain) { run_compressor({4, 512, CompressedRecord::kFp8DsMla, false, c4a_runs(), false, 51}); }
+TEST_F(Compressor, C4AMain) { run_compressor({4, 512, EntryFormat::kFp8DsMla, false, c4a_runs(), false, 51}); }
 TEST_F(Compressor, C4AIndexerFp8Keys) {
-  run_compressor({4, 128, CompressedRecord::kIndexFp8, true, c4a_runs(), false, 52});
+  run_compressor({4, 128, EntryFormat::kIndexFp8, true, c4a_runs(), false, 52});
 }
 TEST_F(Compressor, C4AIndexerMxfp4Keys) {
-  run_compressor({4, 128, CompressedRecord::kIndexMxfp4, true, c4a_runs(), false, 53});
+  run_compressor({4, 128, EntryFormat::kIndexMxfp4, true, c4a_runs(), false, 53});
 }
 TEST_F(Compressor, C128AMain) {
-  run_compressor({128, 512, CompressedRecord::kFp8DsMla, false, c128a_runs(), false, 54});
+  run_compressor({128, 512, EntryFormat::kFp8DsMla, false, c128a_runs(), false, 54});
 }
 TEST_F(Compressor, C4APrefillChunk) {
-  run_compressor({4, 512, CompressedRecord::kFp8DsMla, false, {{4096, 2048}, {37, 515}}, false, 55});
+  run_compressor({4, 512, EntryFormat::kFp8DsMla, false, {{4096, 2048}, {37, 515}}, false, 55});
 }
 TEST_F(Compressor, C128APrefillChunk) {
-  run_compressor({128, 512, CompressedRecord::kFp8DsMla, false, {{0, 1000}, {4000, 700}}, false, 56});
+  run_compressor({128, 512, EntryFormat::kFp8DsMla, false, {{0, 1000}, {4000, 700}}, false, 56});
 }
 // Both caches past 2^31 bytes, the written pages at their top.
 TEST_F(Compressor, C4ACachesPast2GiB) {
-  run_compressor({4, 512, CompressedRecord::kFp8DsMla, false, {{10, 37}, {1048572, 4}}, true, 57});
+  run_compressor({4, 512, EntryFormat::kFp8DsMla, false, {{10, 37}, {1048572, 4}}, true, 57});
 }
 TEST_F(Compressor, C128ACachesPast2GiB) {
-  run_compressor({128, 512, CompressedRecord::kFp8DsMla, false, {{200, 150}, {1048575, 1}}, true, 58});
+  run_compressor({128, 512, EntryFormat::kFp8DsMla, false, {{200, 150}, {1048575, 1}}, true, 58});
 }
 
 TEST_F(Compressor, ZeroTokensLaunchNothing) {
@@ -423,10 +423,10 @@ std::vector<float> direct_entry(const CompCase& k, int r, int64_t j) {
 }
 
 void check_cpu_exact(int m, int c, const std::vector<RunSpec>& runs, uint64_t seed) {
-  CompSpec spec{m, c, CompressedRecord::kF32, false, runs, false, seed};
+  CompSpec spec{m, c, EntryFormat::kF32, false, runs, false, seed};
   CompCase k = make_case(spec);
   // Output pages of c floats per entry.
-  k.o_stride = compressed_record_page_stride(CompressedRecord::kF32, c, k.Bo);
+  k.o_stride = entry_page_stride(EntryFormat::kF32, k.Bo, c);
   k.out.assign(k.o_stride * size_t(k.o_pages), 0);
   CompressorParams p =
       k.params(k.proj.data(), k.ape.data(), k.norm.data(), k.positions.data(), k.token_run.data(), k.row_slot.data(),
@@ -465,7 +465,7 @@ TEST(CompressCpu, C4AIndexerMatchesTheDirectFormula) { check_cpu_exact(4, 128, c
 TEST(CompressCpu, C128AMatchesTheDirectFormula) { check_cpu_exact(128, 512, c128a_runs(), 63); }
 
 TEST(CompressCpu, BadParamsThrow) {
-  CompCase k = make_case({4, 512, CompressedRecord::kFp8DsMla, false, {{0, 4}}, false, 64});
+  CompCase k = make_case({4, 512, EntryFormat::kFp8DsMla, false, {{0, 4}}, false, 64});
   const CompressorParams p =
       k.params(k.proj.data(), k.ape.data(), k.norm.data(), k.positions.data(), k.token_run.data(), k.row_slot.data(),
                k.entry_slot.data(), k.table_pages.data(), k.table_first.data(), k.state.data(), k.out.data());
@@ -474,7 +474,7 @@ TEST(CompressCpu, BadParamsThrow) {
   bad.ratio = 8;
   EXPECT_THROW(check_compressor_params(bad), Error);
   bad = p;
-  bad.record = CompressedRecord::kIndexMxfp4;  // needs dim 128
+  bad.record = EntryFormat::kIndexMxfp4;  // needs dim 128
   EXPECT_THROW(check_compressor_params(bad), Error);
   bad = p;
   bad.proj_ld = bad.g_col + bad.kc() - 4;
@@ -487,8 +487,8 @@ TEST(CompressCpu, BadParamsThrow) {
   EXPECT_THROW(check_compressor_params(bad), Error);
   // The GPU's own: f32 records and exact numerics are CPU only.
   bad = p;
-  bad.record = CompressedRecord::kF32;
-  bad.out.page_stride = compressed_record_page_stride(CompressedRecord::kF32, 512, bad.out.entries_per_page);
+  bad.record = EntryFormat::kF32;
+  bad.out.page_stride = entry_page_stride(EntryFormat::kF32, bad.out.entries_per_page, 512);
   EXPECT_NO_THROW(check_compressor_params(bad));
   EXPECT_THROW(cuda::check_compressor_cuda_params(bad), Error);
   bad = p;
