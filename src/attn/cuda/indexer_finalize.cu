@@ -23,6 +23,9 @@ constexpr int kWarps = kFinalizeThreads / 32;
 
 __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const SelectArgs a) {
   pdl_start();  // pdl.cuh: launched with pdl_launch
+  // The score kernel has finished taking units: rewind its counter, so that
+  // the next score on this plan (run_planned, the next layer) starts at 0.
+  if (blockIdx.x == 0 && threadIdx.x == 0) a.ws.counters->next_unit = 0;
   __shared__ uint32_t hist[1 << kBits];
   __shared__ uint32_t sel[2];
   __shared__ uint64_t sorted[kIndexerMaxTopk];

@@ -139,6 +139,15 @@ void IndexerSelectCuda::run(const IndexerSelectParams& p, CUstream_st* stream) {
   cuda_check(cudaGetLastError(), "kernels");
 }
 
+void IndexerSelectCuda::run_planned(const IndexerSelectParams& p, CUstream_st* stream) {
+  check_indexer_select_cuda_params(p, impl_->limits);
+  if (p.num_tokens == 0) return;
+  const cuda::ix::SelectArgs a = impl_->args(p);
+  cuda::ix::launch_score(a, impl_->grid, false, stream);
+  cuda::ix::launch_finalize(a, stream);
+  cuda_check(cudaGetLastError(), "kernels");
+}
+
 const IndexerSelectCudaLimits& IndexerSelectCuda::limits() const { return impl_->limits; }
 int IndexerSelectCuda::grid_size() const { return impl_->grid; }
 size_t IndexerSelectCuda::workspace_bytes() const { return impl_->bytes; }

@@ -12,7 +12,7 @@
 // exact dot in the last bits, so picks near the k-th place may differ.
 //
 // run() launches three kernels (plan on the device from the positions,
-// score, finalize) and nothing else: no allocation, no synchronisation, so a
+// score, finalize; run_planned the last two) and nothing else: no allocation, no synchronisation, so a
 // decode step can be captured in a CUDA graph; rows of tokens
 // t >= *real_tokens read nothing and get -1 rows and length 0. The object
 // owns its workspace, sized at construction from the limits (the token count
@@ -42,6 +42,12 @@ class IndexerSelectCuda {
   IndexerSelectCuda& operator=(const IndexerSelectCuda&) = delete;
 
   void run(const IndexerSelectParams& p, CUstream_st* stream);
+
+  // run() on the plan of the last plan() call (score, then finalize): the
+  // plan reads only num_tokens, positions, token_run and real_tokens, so one
+  // plan per step serves every C4A layer of the step (their queries, keys
+  // and outputs differ). p must agree with that call on those four.
+  void run_planned(const IndexerSelectParams& p, CUstream_st* stream);
 
   // The stages of run() one at a time (benchmarks): plan, then score
   // (score_only: without the running top-k, leaving empty lists), then

@@ -53,11 +53,7 @@ __device__ __forceinline__ uint32_t e4m3_odd_f16(uint32_t w) { return ((w >> 1) 
 // The same pairs as bf16x2 holding the values exactly: the bits give the
 // value times 2^-120 (e4m3 subnormals become bf16 subnormals), and one exact
 // bf16 multiply by 2^120 restores it.
-__device__ __forceinline__ uint32_t bf16x2_times_2p120(uint32_t v) {
-  uint32_t r;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(0x7b807b80u));
-  return r;
-}
+__device__ __forceinline__ uint32_t bf16x2_times_2p120(uint32_t v) { return bf16x2_mul(v, 0x7b807b80u); }
 __device__ __forceinline__ uint32_t e4m3_even_bf16(uint32_t w) {
   return bf16x2_times_2p120(((w & 0x007f007fu) << 4) | ((w & 0x00800080u) << 8));
 }
@@ -233,8 +229,17 @@ __device__ __forceinline__ void write_outputs(const GemvArgs& a, const float* ct
   }
 }
 
-template <GemvWeight W, int MT>
-__global__ void __launch_bounds__(kGemvThreads, MT <= 4 ? 2 : 1) gemv_kernel(const GemvArgs a) {
+// CTAs per SM the kernel is compiled for: 2 (87 registers at MT = 1), or for
+// decode rows on a grid of more than two waves at 2, a dense variant at 3
+// (80 registers) that runs it in one. Measured (docs/perf-notes.md, run D2):
+// the dense variant is 1.3x faster on such grids (wq_a+wkv: 384 CTAs) and
+// 1.2x slower on one-wave grids (wq_b, wo_a, wo_b: 256 CTAs).
+template <int MT>
+inline constexpr int kGemvCtasPerSm = MT <= 4 ? 2 : 1;
+inline constexpr int kGemvDenseCtasPerSm = 3;
+
+template <GemvWeight W, int MT, int kCtasPerSm>
+__global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const GemvArgs a) {
   using Kind = GemvKind<W>;
   constexpr int T = 8 * MT;
   constexpr int kStage = kStageK<W>;
@@ -368,14 +373,21 @@ template <GemvWeight W, int MT>
 void gemv_launch_mt(const GemvArgs& a, cudaStream_t stream) {
   const int64_t nrb = (a.n + kGemvCtaRows - 1) / kGemvCtaRows;
   const size_t smem = gemv_smem_bytes<W>(8 * MT, a.k / a.splits);
-  pdl_launch(gemv_kernel<W, MT>, dim3(unsigned(nrb), unsigned(a.splits)), kGemvThreads, smem, stream, a);
+  const dim3 grid(unsigned(nrb), unsigned(a.splits));
+  if constexpr (MT == 1) {
+    if (nrb * a.splits > int64_t(kGemvCtasPerSm<MT>) * device_sm_count()) {
+      pdl_launch(gemv_kernel<W, MT, kGemvDenseCtasPerSm>, grid, kGemvThreads, smem, stream, a);
+      return;
+    }
+  }
+  pdl_launch(gemv_kernel<W, MT, kGemvCtasPerSm<MT>>, grid, kGemvThreads, smem, stream, a);
 }
 
 // Allows the largest shared-memory slice this instantiation can be launched with.
-template <GemvWeight W, int MT>
+template <GemvWeight W, int MT, int kCtasPerSm = kGemvCtasPerSm<MT>>
 cudaError_t gemv_configure_mt() {
   const size_t smem = gemv_smem_bytes<W>(8 * MT, gemv_max_cta_k(8 * MT));
-  return cudaFuncSetAttribute(gemv_kernel<W, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  return cudaFuncSetAttribute(gemv_kernel<W, MT, kCtasPerSm>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
 }
 
 template <GemvWeight W>
@@ -391,6 +403,7 @@ void gemv_launch_kind(const GemvArgs& a, cudaStream_t stream) {
 template <GemvWeight W>
 cudaError_t gemv_configure_kind() {
   cudaError_t e = gemv_configure_mt<W, 1>();
+  if (e == cudaSuccess) e = gemv_configure_mt<W, 1, kGemvDenseCtasPerSm>();
   if (e == cudaSuccess) e = gemv_configure_mt<W, 2>();
   if (e == cudaSuccess) e = gemv_configure_mt<W, 4>();
   if (e == cudaSuccess) e = gemv_configure_mt<W, 8>();

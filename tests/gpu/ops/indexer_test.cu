@@ -403,11 +403,15 @@ struct DeviceWorld {
     p.lengths = lengths.ptr;
     return p;
   }
-  Selection run(IndexerSelectCuda& op, bool padded = false) {
+  // planned: run_planned on the plan of an earlier op.plan() call.
+  Selection run(IndexerSelectCuda& op, bool padded = false, bool planned = false) {
     picks.poison();
     slots.poison();
     lengths.poison();
-    op.run(params(padded), nullptr);
+    if (planned)
+      op.run_planned(params(padded), nullptr);
+    else
+      op.run(params(padded), nullptr);
     IX_CUDA_OK(cudaDeviceSynchronize());
     Selection s{picks.download(), slots.download(), lengths.download()};
     EXPECT_TRUE(picks.guard_intact() && slots.guard_intact() && lengths.guard_intact()) << "write past an output";
@@ -604,6 +608,27 @@ TEST_F(IndexerCudaTest, PaddedTokensReadNothing) {
     ASSERT_EQ(got.lengths[size_t(t)], want.lengths[size_t(t)]) << "token " << t;
     for (int i = 0; i < w.topk; ++i)
       ASSERT_EQ(got.picks[size_t(t) * w.topk + size_t(i)], want.picks[size_t(t) * w.topk + size_t(i)]) << "token " << t;
+  }
+}
+
+// One plan serves several layers: the same tokens with other keys and
+// queries, run after run (the score's unit counter must start over each time).
+TEST_F(IndexerCudaTest, OnePlanServesEveryLayer) {
+  const std::vector<RunSpec> runs = prefill_runs();
+  const World a = make_world(IndexKeyFormat::kMxfp4, 512, runs, {.seed = 21});
+  const World b = make_world(IndexKeyFormat::kMxfp4, 512, runs, {.seed = 22});
+  ASSERT_EQ(a.positions, b.positions);
+  ASSERT_EQ(a.token_run, b.token_run);
+  DeviceWorld da(a), db(b);
+  IndexerSelectCuda op({a.T, 512});
+  op.plan(da.params(false), nullptr);
+  const Selection want_a = cpu_select(a), want_b = cpu_select(b);
+  for (int layer = 0; layer < 3; ++layer) {
+    const Selection got_a = da.run(op, false, true);
+    compare(a, want_a, got_a, a.T);
+    const Selection got_b = db.run(op, false, true);
+    compare(b, want_b, got_b, b.T);
+    ASSERT_NE(got_a.picks, got_b.picks) << "layer " << layer << ": the two worlds must differ";
   }
 }
 
