@@ -9,6 +9,9 @@
 //    (1048560 for the 1M row), then 16 decode steps: time, where it went,
 //    cache memory held.
 //  - --decode BATCH CONTEXT: only that decode row (to run under a profiler).
+//  - --serial: every kernel of a layer on one stream (CudaBackendOptions::lanes
+//    off), to measure what the lanes overlap; --lanes-max N: lanes in steps of
+//    up to N rows (EngineOptions::cuda_lanes_max_tokens; default 128).
 // Step times are wall time of plan + forward + commit; the synthetic input
 // embeddings (host Box-Muller, ~1 s per 8K chunk at hidden 4096) are drawn
 // outside the timed span, as a server receives them from the embedding.
@@ -72,10 +75,12 @@ struct Bench {
   nlohmann::json rows = nlohmann::json::array();
   int64_t next_id = 0;
 
-  explicit Bench(int64_t max_requests, int64_t max_context, double gpu_memory) {
+  Bench(int64_t max_requests, int64_t max_context, double gpu_memory, bool lanes, int64_t lanes_max) {
     EngineOptions o;
     o.device = Device::kCuda;
     o.gpu_memory = gpu_memory;
+    o.cuda_lanes = lanes;
+    if (lanes_max >= 0) o.cuda_lanes_max_tokens = lanes_max;
     o.workload = CacheWorkload{max_requests, max_context, 8192};
     const auto t0 = std::chrono::steady_clock::now();
     engine = Engine::from_seed(config, 1, o);
@@ -204,9 +209,13 @@ int main(int argc, char** argv) {
   int64_t decode_context = 0;
   std::string json;
   double gpu_memory = 0.9;
+  bool lanes = true;
+  int64_t lanes_max = -1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
+    else if (a == "--serial") lanes = false;
+    else if (a == "--lanes-max" && i + 1 < argc) lanes_max = std::atoll(argv[++i]);
     else if (a == "--prefill" && i + 1 < argc && (prefill_only = std::atoll(argv[i + 1])) > 0) ++i;
     else if (a == "--decode" && i + 2 < argc && (decode_batch = std::atoi(argv[i + 1])) > 0 &&
              (decode_context = std::atoll(argv[i + 2])) > 0)
@@ -214,24 +223,24 @@ int main(int argc, char** argv) {
     else if (a == "--json" && i + 1 < argc) json = argv[++i];
     else if (a == "--gpu-memory" && i + 1 < argc) gpu_memory = std::atof(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--prefill LEN | --decode BATCH CONTEXT] [--json FILE] [--gpu-memory F]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--prefill LEN | --decode BATCH CONTEXT] [--json FILE] [--gpu-memory F]\n", argv[0]);
       return 2;
     }
   }
   try {
     if (prefill_only > 0) {
-      Bench b(1, prefill_only + 16, gpu_memory);
+      Bench b(1, prefill_only + 16, gpu_memory, lanes, lanes_max);
       b.prefill_row(prefill_only, 8192, 16, true);
       if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
       return 0;
     }
     if (decode_batch > 0) {  // one decode row (for a profiler)
-      Bench b(decode_batch, decode_context + 64, gpu_memory);
+      Bench b(decode_batch, decode_context + 64, gpu_memory, lanes, lanes_max);
       b.decode_row(decode_batch, decode_context, quick ? 5 : 20);
       if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
       return 0;
     }
-    Bench b(128, int64_t(1) << 20, gpu_memory);
+    Bench b(128, int64_t(1) << 20, gpu_memory, lanes, lanes_max);
     std::printf("\nweights %.2f GB per step: floor %.3f ms at 4.3 TB/s\n", b.weight_bytes() / 1e9,
                 b.weight_bytes() / kBandwidth * 1e3);
     std::printf("| row | batch | context | step ms | GB moved | roofline ms | ratio | swaonly c4a c128a ms | tok/s |\n"

@@ -7,12 +7,15 @@
 #
 #   scripts/device-run.sh [STEPS]
 #     STEPS: comma list of build, test, sanitize, verify, bench, step, prefill1m,
+#            decode (step_bench --quick on the rows of DECODE_ROWS),
 #            profile (ncu on one decode row; see the step)
 #            (default: build,test,verify,sanitize,bench)
 #   env: BUILD_DIR (default build-dev), TEST_FILTER (gtest filter for the GPU
 #        test binaries), SANITIZE_FILTER, BENCH (space list of benchmarks,
 #        default all), BENCH_ARGS, STEP_ARGS, PREFILL_LEN (default 1048560), JOBS,
-#        PROFILE_ARGS, PROFILE_KERNELS, NCU_SKIP, NCU_COUNT
+#        PROFILE_ARGS, PROFILE_KERNELS, NCU_SKIP, NCU_COUNT,
+#        DECODE_ROWS (';' list of step_bench arguments after --decode, default
+#        '1 4096;1 4096 --serial;1 65536;1 1048512;128 65536')
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -75,6 +78,16 @@ fi
 if has step; then
   echo "== step benchmark"
   timeout 590 "$b/step_bench" --json "$OUT/step.json" ${STEP_ARGS:-} 2>&1 | tee "$OUT/step.log"
+fi
+if has decode; then
+  echo "== decode rows"
+  IFS=';' read -ra rows <<<"${DECODE_ROWS:-1 4096;1 4096 --serial;1 65536;1 1048512;128 65536}"
+  for r in "${rows[@]}"; do
+    echo "### --decode $r" >>"$OUT/decode.log"
+    timeout 300 "$b/step_bench" --quick --decode $r >>"$OUT/decode.log" 2>&1
+    echo "exit $?" >>"$OUT/decode.log"
+  done
+  grep -E "^### |^\| [0-9]|^exit|rror" "$OUT/decode.log"
 fi
 if has prefill1m; then
   echo "== 1M prefill"

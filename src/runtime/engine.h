@@ -38,9 +38,13 @@ struct CacheWorkload {
 struct EngineOptions {
   Device device = Device::kCpu;
   // CUDA: device memory for weights, workspaces and caches (a fraction of the
-  // free memory when <= 1, else bytes); decode steps in CUDA graphs.
+  // free memory when <= 1, else bytes); decode steps in CUDA graphs; a
+  // layer's independent chains on their own streams in steps of up to
+  // cuda_lanes_max_tokens rows (false: one stream).
   double gpu_memory = 0.9;
   bool cuda_graphs = true;
+  bool cuda_lanes = true;
+  int64_t cuda_lanes_max_tokens = 128;
   Profile profile = Profile::kProduction;
   IndexKeyFormat index_keys = IndexKeyFormat::kMxfp4;
   CacheWorkload workload;

@@ -42,10 +42,13 @@ double percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5))];
 }
 
-std::unique_ptr<Engine> small_engine(Device d, bool graphs = true) {
+std::unique_ptr<Engine> small_engine(Device d, bool graphs = true, bool lanes = true,
+                                     int64_t lanes_max_tokens = EngineOptions{}.cuda_lanes_max_tokens) {
   EngineOptions o;
   o.device = d;
   o.cuda_graphs = graphs;
+  o.cuda_lanes = lanes;
+  o.cuda_lanes_max_tokens = lanes_max_tokens;
   o.workload = CacheWorkload{4, 2048, 512};
   o.gpu_memory = 0.5;
   return Engine::from_seed(preset_config("small"), 11, o);
@@ -143,22 +146,41 @@ TEST_F(EngineCudaTest, MatchesTheCpuBackendOnTheSmallPreset) {
   EXPECT_GT(picks, 0);
 }
 
-TEST_F(EngineCudaTest, GraphReplayIsBitwiseTheEagerStep) {
-  auto eager = small_engine(Device::kCuda, false), graphed = small_engine(Device::kCuda, true);
-  const int D = eager->config().hidden_size;
-  for (int id : {0, 1, 2}) eager->open_request(id), graphed->open_request(id);
+namespace {
+
+// The schedule's steps on both engines give the same bits.
+void expect_bitwise_equal_steps(Engine& a, Engine& b) {
+  const int D = a.config().hidden_size;
+  for (int id : {0, 1, 2}) a.open_request(id), b.open_request(id);
   int step = 0;
   for (const auto& runs : schedule()) {
     std::vector<RunError> e1, e2;
-    const StepMetadata se = eager->plan(runs, e1), sg = graphed->plan(runs, e2);
-    const std::vector<float> x = inputs(se, D);
-    std::vector<float> ye(x.size()), yg(x.size());
-    eager->forward_step(se, x, ye);
-    graphed->forward_step(sg, x, yg);  // decodes: 1st eager, 2nd captured, then replayed
-    ASSERT_EQ(ye, yg) << "step " << step;
-    for (float v : ye) ASSERT_TRUE(std::isfinite(v)) << "step " << step;
-    eager->commit(se), graphed->commit(sg);
+    const StepMetadata sa = a.plan(runs, e1), sb = b.plan(runs, e2);
+    const std::vector<float> x = inputs(sa, D);
+    std::vector<float> ya(x.size()), yb(x.size());
+    a.forward_step(sa, x, ya);
+    b.forward_step(sb, x, yb);  // decodes in graphs: 1st eager, 2nd captured, then replayed
+    ASSERT_EQ(ya, yb) << "step " << step;
+    for (float v : ya) ASSERT_TRUE(std::isfinite(v)) << "step " << step;
+    a.commit(sa), b.commit(sb);
     ++step;
+  }
+}
+
+}  // namespace
+
+TEST_F(EngineCudaTest, GraphReplayIsBitwiseTheEagerStep) {
+  auto eager = small_engine(Device::kCuda, false), graphed = small_engine(Device::kCuda, true);
+  expect_bitwise_equal_steps(*eager, *graphed);
+}
+
+// The lanes only reorder independent kernels: one stream gives the same bits
+// (a missing lane dependency would show up as a difference or a NaN), with
+// lanes in every step (prefill chunks too) and in the decode steps only.
+TEST_F(EngineCudaTest, LanesAreBitwiseOneStream) {
+  for (int64_t lanes_max : {int64_t(1) << 30, EngineOptions{}.cuda_lanes_max_tokens}) {
+    auto serial = small_engine(Device::kCuda, false, false), laned = small_engine(Device::kCuda, true, true, lanes_max);
+    expect_bitwise_equal_steps(*serial, *laned);
   }
 }
 

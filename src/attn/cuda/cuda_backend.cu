@@ -79,10 +79,7 @@ class CudaBackend final : public AttentionBackend {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     const StepDims cap = step_capacity(spec, cuda);
     for (const LayerWeights& w : weights) layers_.push_back(std::make_unique<cuda::CudaLayer>(config, w, options.index_keys, cuda::LinearOptions{}));
-    std::vector<cuda::LinearNeeds> needs;
-    for (const auto& l : layers_)
-      for (const cuda::LinearNeeds& n : l->needs(cap.tokens)) needs.push_back(n);
-    linear_ = std::make_unique<cuda::LinearWorkspace>(needs);
+    make_lanes(cap.tokens);
     attention_ = std::make_unique<SparseAttentionCuda>(SparseAttentionCudaLimits{cap.tokens, config.num_heads, kNumLayerTypes});
     if (config.count_layers(LayerType::kC4A) > 0)
       indexer_ = std::make_unique<IndexerSelectCuda>(IndexerSelectCudaLimits{cap.tokens, config.index_topk});
@@ -103,7 +100,6 @@ class CudaBackend final : public AttentionBackend {
     workspace_bytes_ = used - weight_bytes_;
     bufs_.stream = stream_;
     bufs_.cache = cache_.get();
-    bufs_.linear = linear_.get();
     bufs_.attention = attention_.get();
     bufs_.indexer = indexer_.get();
     bufs_.real_tokens = step_->real_tokens();
@@ -116,6 +112,10 @@ class CudaBackend final : public AttentionBackend {
     for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     for (cudaEvent_t e : indexer_events_) cudaEventDestroy(e);
+    for (cudaEvent_t e : lane_events_)
+      if (e) cudaEventDestroy(e);
+    for (cudaStream_t s : lane_streams_)
+      if (s != stream_) cudaStreamDestroy(s);
     cudaFreeHost(host_io_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -140,6 +140,7 @@ class CudaBackend final : public AttentionBackend {
     graph_key_ = decode && cuda_.graphs ? launched_ : 0;
     step_->stage(s);
     memory_->bind(bufs_, launched_);
+    bind_lanes();
     prologue_done_ = false;
     pending_y_ = false;
     capturing_ = false;
@@ -261,8 +262,47 @@ class CudaBackend final : public AttentionBackend {
   }
 
  private:
+  // The main workspace serves every linear (steps that run on one stream);
+  // each other lane with linears gets a stream and a workspace for the steps
+  // that run on lanes (up to lanes_max_tokens rows).
+  void make_lanes(int max_m) {
+    std::vector<cuda::LinearNeeds> all;
+    for (const auto& layer : layers_)
+      for (int l = 0; l < cuda::kNumLanes; ++l)
+        for (const cuda::LinearNeeds& n : layer->needs(max_m, cuda::Lane(l))) all.push_back(n);
+    linear_.push_back(std::make_unique<cuda::LinearWorkspace>(all));
+    lane_streams_[0] = stream_;
+    lane_linear_[0] = linear_[0].get();
+    const int lane_m = int(std::min<int64_t>(max_m, cuda_.lanes_max_tokens));
+    for (int l = 1; l < cuda::kNumLanes; ++l) {
+      std::vector<cuda::LinearNeeds> needs;
+      if (cuda_.lanes && lane_m > 0)
+        for (const auto& layer : layers_)
+          for (const cuda::LinearNeeds& n : layer->needs(lane_m, cuda::Lane(l))) needs.push_back(n);
+      lane_streams_[l] = stream_;
+      lane_linear_[l] = linear_[0].get();
+      if (needs.empty()) continue;
+      linear_.push_back(std::make_unique<cuda::LinearWorkspace>(needs));
+      lane_linear_[l] = linear_.back().get();
+      check(cudaStreamCreateWithFlags(&lane_streams_[l], cudaStreamNonBlocking), "cudaStreamCreate");
+    }
+    if (!cuda_.lanes || lane_m <= 0) return;
+    for (cudaEvent_t& e : lane_events_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  }
+
+  // The step's lanes: their own streams for steps of up to lanes_max_tokens
+  // rows, else all on the main stream (no events: the serial engine).
+  void bind_lanes() {
+    const bool on = cuda_.lanes && launched_ <= cuda_.lanes_max_tokens;
+    for (int l = 0; l < cuda::kNumLanes; ++l) {
+      bufs_.lanes[l] = on ? lane_streams_[l] : stream_;
+      bufs_.lane_linear[l] = on ? lane_linear_[l] : linear_[0].get();
+    }
+    for (int p = 0; p < cuda::kNumLanePoints; ++p) bufs_.lane_events[p] = on ? lane_events_[p] : nullptr;
+  }
+
   // Once per step, before its first layer: the metadata built on the device,
-  // the C4A lengths, one attention plan per layer type.
+  // the C4A lengths, one attention plan per layer type, the indexer's plan.
   void prologue() {
     step_->build(stream_);
     if (indexer_) {
@@ -273,6 +313,7 @@ class CudaBackend final : public AttentionBackend {
     for (int t = 0; t < kNumLayerTypes; ++t)
       if (first_layer_[t] >= 0)
         attention_->plan(layers_[size_t(first_layer_[t])]->attention_params(bufs_), stream_, t);
+    if (indexer_) indexer_->plan(layers_[size_t(first_layer_[int(LayerType::kC4A)])]->indexer_params(bufs_), stream_);
     prologue_done_ = true;
   }
 
@@ -320,7 +361,10 @@ class CudaBackend final : public AttentionBackend {
   CudaBackendOptions cuda_;
   cudaStream_t stream_ = nullptr;
   std::vector<std::unique_ptr<cuda::CudaLayer>> layers_;
-  std::unique_ptr<cuda::LinearWorkspace> linear_;
+  std::vector<std::unique_ptr<cuda::LinearWorkspace>> linear_;  // [0] main (every linear), then one per lane
+  cudaStream_t lane_streams_[cuda::kNumLanes] = {};
+  cuda::LinearWorkspace* lane_linear_[cuda::kNumLanes] = {};
+  cudaEvent_t lane_events_[cuda::kNumLanePoints] = {};
   std::unique_ptr<SparseAttentionCuda> attention_;
   std::unique_ptr<IndexerSelectCuda> indexer_;
   std::unique_ptr<cuda::StepMemory> memory_;

@@ -20,6 +20,12 @@ struct CudaBackendOptions {
   // The largest workload (sizes the step buffers and the caches' page ids).
   int64_t max_requests = 16, max_context = 8192, max_step_tokens = 2048;
   bool graphs = true;  // capture decode-only steps in CUDA graphs
+  // Run a layer's independent chains on their own streams (cuda_buffers.h:
+  // Lane) in steps of up to lanes_max_tokens rows (latency-bound: decode);
+  // larger steps, and every step when false, run every kernel on one stream.
+  // Same results, bit for bit.
+  bool lanes = true;
+  int64_t lanes_max_tokens = 128;
 };
 
 // True when a CUDA device is present and usable.

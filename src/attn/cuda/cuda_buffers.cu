@@ -100,6 +100,20 @@ void StepMemory::bind(StepBuffers& b, int tokens) const {
   carve(c, b, config_, keys_, tokens, max_tokens_);
 }
 
+void lane_mark(const StepBuffers& b, Lane lane, LanePoint point) {
+  const cudaEvent_t e = b.lane_events[int(point)];
+  if (e == nullptr) return;
+  const cudaError_t r = cudaEventRecord(e, b.on(lane));
+  if (r != cudaSuccess) throw Error(std::string("lane mark: ") + cudaGetErrorString(r));
+}
+
+void lane_wait(const StepBuffers& b, Lane lane, LanePoint point) {
+  const cudaEvent_t e = b.lane_events[int(point)];
+  if (e == nullptr) return;
+  const cudaError_t r = cudaStreamWaitEvent(b.on(lane), e, 0);
+  if (r != cudaSuccess) throw Error(std::string("lane wait: ") + cudaGetErrorString(r));
+}
+
 void record_event(cudaEvent_t e, CUstream_st* stream, bool capturing) {
   const cudaError_t r = capturing ? cudaEventRecordWithFlags(e, stream, cudaEventRecordExternal)
                                   : cudaEventRecord(e, stream);

@@ -29,13 +29,30 @@ inline constexpr int kScorerHeads = 64;
 class DeviceCache;
 class LinearWorkspace;
 
+// The streams a layer's independent chains run on (cuda_layer.cu): the main
+// chain (q and kv, the indexer, attention, output), q's heads (wq_b and its
+// norm and RoPE) and the compressors (their projection and pooling). At
+// batch 1 every kernel is latency-bound, so chains that do not wait for each
+// other overlap. Each lane has its own linear workspace (the split-K
+// counters and partial sums of concurrent linears must differ). A serial
+// engine gives every lane the main stream and workspace.
+enum class Lane { kMain, kHeads, kCompress };
+inline constexpr int kNumLanes = 3;
+// The points where one lane waits for another, each with its own event.
+enum class LanePoint { kLayerInput, kCq, kProj, kCompressed, kHeads };
+inline constexpr int kNumLanePoints = 5;
+
 struct StepBuffers {
-  CUstream_st* stream = nullptr;
+  CUstream_st* stream = nullptr;                    // the main lane (lanes[kMain])
+  CUstream_st* lanes[kNumLanes] = {};               // all the main stream in a serial engine
+  LinearWorkspace* lane_linear[kNumLanes] = {};     // all the main workspace in a serial engine
+  cudaEvent_t lane_events[kNumLanePoints] = {};     // null in a serial engine
+  CUstream_st* on(Lane l) const { return lanes[int(l)]; }
+  LinearWorkspace& linear(Lane l) const { return *lane_linear[int(l)]; }
   int tokens = 0;                        // rows launched (a padded decode step: the graph's batch size)
   const int32_t* real_tokens = nullptr;  // device: rows at and past it are padding
   StepView step{};                       // device arrays, capacity layout
   DeviceCache* cache = nullptr;
-  LinearWorkspace* linear = nullptr;
   SparseAttentionCuda* attention = nullptr;
   IndexerSelectCuda* indexer = nullptr;
 
@@ -64,6 +81,12 @@ struct StepBuffers {
   cudaEvent_t* indexer_events = nullptr;  // [2 * layers]
   bool capturing = false;
 };
+
+// Marks `point` after the work issued so far on `lane`; lane_wait makes the
+// work issued next on `lane` wait for the last mark of `point`. Both do
+// nothing in a serial engine. Throw Error on failure.
+void lane_mark(const StepBuffers& b, Lane lane, LanePoint point);
+void lane_wait(const StepBuffers& b, Lane lane, LanePoint point);
 
 // Records `e` on `stream`; inside a capture (capturing) as an external event
 // node, so every replay of the graph records it again. Throws Error on failure.

@@ -157,11 +157,17 @@ CudaLayer::CudaLayer(const ModelConfig& config, const LayerWeights& w, IndexKeyF
   }
 }
 
-std::vector<LinearNeeds> CudaLayer::needs(int max_m) const {
-  std::vector<LinearNeeds> n = {wqkv_.needs(max_m), wq_b_.needs(max_m), wo_b_.needs(max_m)};
-  for (const W8A16GroupedLinear& l : wo_a_) n.push_back(l.needs(max_m));
-  if (proj_) n.push_back(proj_->needs(max_m));
-  if (idx_wq_b_) n.push_back(idx_wq_b_->needs(max_m));
+Lane CudaLayer::heads_lane() const { return idx_wq_b_ ? Lane::kHeads : Lane::kMain; }
+
+std::vector<LinearNeeds> CudaLayer::needs(int max_m, Lane lane) const {
+  std::vector<LinearNeeds> n;
+  if (lane == Lane::kMain) {
+    n = {wqkv_.needs(max_m), wo_b_.needs(max_m)};
+    for (const W8A16GroupedLinear& l : wo_a_) n.push_back(l.needs(max_m));
+    if (idx_wq_b_) n.push_back(idx_wq_b_->needs(max_m));
+  }
+  if (lane == heads_lane()) n.push_back(wq_b_.needs(max_m));
+  if (lane == Lane::kCompress && proj_) n.push_back(proj_->needs(max_m));
   return n;
 }
 
@@ -177,7 +183,7 @@ int64_t CudaLayer::device_bytes() const {
 
 void CudaLayer::project_q_kv(StepBuffers& b) {
   const int T = b.tokens, R = config_.q_lora_rank, H = config_.num_heads;
-  wqkv_.forward(b.x8, b.qkv, R + kKvDim, *b.linear, b.stream);
+  wqkv_.forward(b.x8, b.qkv, R + kKvDim, b.linear(Lane::kMain), b.stream);
   QkvNormRopeParams p;
   p.num_tokens = T;
   p.q_lora = R;
@@ -194,15 +200,27 @@ void CudaLayer::project_q_kv(StepBuffers& b) {
   p.swa = b.cache->pages(layer_, CacheKind::kSwa);
   p.swa_slot = b.step.swa_slot;
   qkv_norm_rope_cuda(p, b.stream);
-  wq_b_.forward(b.cq8, b.q, int64_t(H) * kKvDim, *b.linear, b.stream);
+  // q's heads: on their own lane while the main lane runs the indexer (C4A).
+  const Lane h = heads_lane();
+  if (h != Lane::kMain) {
+    lane_mark(b, Lane::kMain, LanePoint::kCq);
+    lane_wait(b, h, LanePoint::kCq);
+  }
+  wq_b_.forward(b.cq8, b.q, int64_t(H) * kKvDim, b.linear(h), b.on(h));
   q_head_norm_rope_cuda(QHeadNormRopeParams{T, H, b.q, int64_t(H) * kKvDim, float(config_.rms_norm_eps),
                                             b.step.positions, &rope_},
-                        b.stream);
-  if (proj_) proj_->forward(b.x, config_.hidden_size, T, b.proj, b.proj_ld, *b.linear, b.stream);
+                        b.on(h));
+  if (h != Lane::kMain) lane_mark(b, h, LanePoint::kHeads);
 }
 
 void CudaLayer::compress(StepBuffers& b) {
   if (!proj_) return;
+  // The compressors read only the layer input: their lane starts at once.
+  lane_mark(b, Lane::kMain, LanePoint::kLayerInput);
+  lane_wait(b, Lane::kCompress, LanePoint::kLayerInput);
+  CUstream_st* const stream = b.on(Lane::kCompress);
+  proj_->forward(b.x, config_.hidden_size, b.tokens, b.proj, b.proj_ld, b.linear(Lane::kCompress), stream);
+  lane_mark(b, Lane::kCompress, LanePoint::kProj);
   const bool c4a = type_ == LayerType::kC4A;
   const ProjColumns col = proj_columns(type_);
   CompressorParams p;
@@ -224,21 +242,23 @@ void CudaLayer::compress(StepBuffers& b) {
   p.state_table = b.step.table(c4a ? CacheGroup::kC4AState : CacheGroup::kC128AState);
   p.state = b.cache->pages(layer_, CacheKind::kState);
   p.out = b.cache->pages(layer_, CacheKind::kCompressed);
-  p.record = CompressedRecord::kFp8DsMla;
+  p.record = EntryFormat::kFp8DsMla;
   p.bf16_rounding = true;
   p.hadamard = false;
-  compressor_cuda(p, b.stream);
-  if (!c4a) return;
-  p.dim = kIndexDim;
-  p.a_col = col.idx_a;
-  p.g_col = col.idx_g;
-  p.ape = idx_ape_.get();
-  p.norm = idx_norm_.get();
-  p.state = b.cache->pages(layer_, CacheKind::kIndexState);
-  p.out = b.cache->pages(layer_, CacheKind::kIndexKeys);
-  p.record = keys_ == IndexKeyFormat::kFp8 ? CompressedRecord::kIndexFp8 : CompressedRecord::kIndexMxfp4;
-  p.hadamard = true;
-  compressor_cuda(p, b.stream);
+  compressor_cuda(p, stream);
+  if (c4a) {
+    p.dim = kIndexDim;
+    p.a_col = col.idx_a;
+    p.g_col = col.idx_g;
+    p.ape = idx_ape_.get();
+    p.norm = idx_norm_.get();
+    p.state = b.cache->pages(layer_, CacheKind::kIndexState);
+    p.out = b.cache->pages(layer_, CacheKind::kIndexKeys);
+    p.record = keys_ == IndexKeyFormat::kFp8 ? EntryFormat::kIndexFp8 : EntryFormat::kIndexMxfp4;
+    p.hadamard = true;
+    compressor_cuda(p, stream);
+  }
+  lane_mark(b, Lane::kCompress, LanePoint::kCompressed);
 }
 
 void CudaLayer::select(StepBuffers& b) {
@@ -247,7 +267,7 @@ void CudaLayer::select(StepBuffers& b) {
   // Heads past the model's nI (the scorer takes 64) read the zero columns
   // the buffers were made with: their terms are +0.
   const int T = b.tokens, nI = std::max(config_.index_n_heads, kScorerHeads);
-  idx_wq_b_->forward(b.cq8, b.idx_q, int64_t(nI) * kIndexDim, *b.linear, b.stream);
+  idx_wq_b_->forward(b.cq8, b.idx_q, int64_t(nI) * kIndexDim, b.linear(Lane::kMain), b.stream);
   IndexerQueryParams q;
   q.num_tokens = T;
   q.num_heads = nI;
@@ -261,21 +281,28 @@ void CudaLayer::select(StepBuffers& b) {
   for (int i = 0; i < kRopeDim / 2; ++i) q.rope.inv_freq[i] = rope_.inv_freq()[size_t(i)];
   q.out = b.idx_queries;
   q.out.num_tokens = T;
+  lane_wait(b, Lane::kMain, LanePoint::kProj);  // weights_proj's columns
   indexer_queries_cuda(q, b.stream);
+  lane_wait(b, Lane::kMain, LanePoint::kCompressed);  // this step's index keys
+  b.indexer->run_planned(indexer_params(b), b.stream);  // on the step's plan (the backend's prologue)
+  mark(b, 2 * layer_ + 1);
+}
+
+IndexerSelectParams CudaLayer::indexer_params(const StepBuffers& b) const {
   IndexerSelectParams s;
-  s.num_tokens = T;
+  s.num_tokens = b.tokens;
   s.real_tokens = b.real_tokens;
   s.positions = b.step.positions;
   s.token_run = b.step.token_run;
   s.c4a_table = b.step.table(CacheGroup::kC4A);
   s.keys = b.cache->pages(layer_, CacheKind::kIndexKeys);
-  s.queries = q.out;
+  s.queries = b.idx_queries;
+  s.queries.num_tokens = b.tokens;
   s.topk = config_.index_topk;
   s.picks = b.picks;
   s.slots = b.slots;
   s.lengths = b.pick_lengths;
-  b.indexer->run(s, b.stream);
-  mark(b, 2 * layer_ + 1);
+  return s;
 }
 
 void CudaLayer::mark(StepBuffers& b, int event) const {
@@ -314,22 +341,25 @@ void CudaLayer::project_out(StepBuffers& b) {
   out_inverse_rope_cuda(OutInverseRopeParams{T, H, b.o, int64_t(H) * kKvDim, b.step.positions, &rope_}, b.stream);
   const int64_t u_cols = int64_t(config_.o_groups) * config_.o_lora_rank;
   if (!wo_a_per_group(config_)) {
-    wo_a_[0].forward(b.o, int64_t(H) * kKvDim, T, b.u, u_cols, &b.u8, *b.linear, b.stream);
+    wo_a_[0].forward(b.o, int64_t(H) * kKvDim, T, b.u, u_cols, &b.u8, b.linear(Lane::kMain), b.stream);
   } else {
     const int64_t k_g = int64_t(H / config_.o_groups) * kKvDim;
     for (size_t g = 0; g < wo_a_.size(); ++g)
       wo_a_[g].forward(b.o + int64_t(g) * k_g, int64_t(H) * kKvDim, T, b.u + int64_t(g) * config_.o_lora_rank, u_cols,
-                       nullptr, *b.linear, b.stream);
+                       nullptr, b.linear(Lane::kMain), b.stream);
     quantize_act(b.u, u_cols, b.u8, b.stream);
   }
-  wo_b_.forward(b.u8, b.y, config_.hidden_size, *b.linear, b.stream);
+  wo_b_.forward(b.u8, b.y, config_.hidden_size, b.linear(Lane::kMain), b.stream);
 }
 
 void CudaLayer::forward(StepBuffers& b, LayerCapture* capture) {
   if (b.tokens == 0) return;
-  project_q_kv(b);
-  compress(b);
+  compress(b);      // compressor lane
+  project_q_kv(b);  // main lane, q's heads on theirs
   select(b);
+  // Attention reads q, the compressed entries and (C4A) the picks.
+  if (proj_) lane_wait(b, Lane::kMain, LanePoint::kCompressed);
+  if (heads_lane() != Lane::kMain) lane_wait(b, Lane::kMain, LanePoint::kHeads);
   attend(b);
   if (capture) {
     // Read back what the golden replay compares before later ops overwrite

@@ -53,9 +53,12 @@ class CudaLayer {
   // The sparse attention's call for this layer on the step in `b` (the
   // step's plan for a layer type is built from any layer of the type).
   SparseAttentionParams attention_params(const StepBuffers& b) const;
+  // The indexer's call for this (C4A) layer; its plan serves every C4A layer
+  // of the step (IndexerSelectCuda::run_planned).
+  IndexerSelectParams indexer_params(const StepBuffers& b) const;
 
-  // What the layer's linears need of the shared workspace at max_m rows.
-  std::vector<LinearNeeds> needs(int max_m) const;
+  // What the layer's linears on `lane` need of its workspace at max_m rows.
+  std::vector<LinearNeeds> needs(int max_m, Lane lane) const;
   int64_t device_bytes() const;
   LayerType type() const { return type_; }
 
@@ -66,6 +69,7 @@ class CudaLayer {
   void attend(StepBuffers& b);
   void project_out(StepBuffers& b);
   void mark(StepBuffers& b, int event) const;
+  Lane heads_lane() const;  // wq_b's lane: its own where the indexer runs beside it
 
   const ModelConfig& config_;
   int layer_;
