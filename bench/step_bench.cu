@@ -12,6 +12,9 @@
 //  - --serial: every kernel of a layer on one stream (CudaBackendOptions::lanes
 //    off), to measure what the lanes overlap; --lanes-max N: lanes in steps of
 //    up to N rows (EngineOptions::cuda_lanes_max_tokens; default 128).
+//  - --trace FILE (with --decode): one more replayed step under CUPTI's kernel
+//    records (kernel_trace.h): every kernel's start, end and stream to FILE
+//    (CSV), and a summary of where the step's time went.
 // Step times are wall time of plan + forward + commit; the synthetic input
 // embeddings (host Box-Muller, ~1 s per 8K chunk at hidden 4096) are drawn
 // outside the timed span, as a server receives them from the embedding.
@@ -32,6 +35,7 @@
 
 #include "cache/fp8_ds_mla.h"
 #include "common/error.h"
+#include "kernel_trace.h"
 #include "runtime/engine.h"
 #include "model/weights.h"
 #include "runtime/workload.h"
@@ -74,6 +78,7 @@ struct Bench {
   std::vector<float> x, y;
   nlohmann::json rows = nlohmann::json::array();
   int64_t next_id = 0;
+  std::string trace_csv;  // --trace
 
   Bench(int64_t max_requests, int64_t max_context, double gpu_memory, bool lanes, int64_t lanes_max) {
     EngineOptions o;
@@ -147,6 +152,14 @@ struct Bench {
     for (int i = 0; i < 2; ++i, ++k) step(runs_at(k), &per_type);  // timed replays: eager, captured
     per_type = {};
     step(runs_at(k++), &per_type);  // a timed replay
+    if (!trace_csv.empty()) {
+      bench::KernelTrace trace;
+      trace.start();
+      step(runs_at(k++), nullptr);
+      trace.stop();
+      trace.write_csv(trace_csv);
+      trace.summary(30);
+    }
     std::sort(wall.begin(), wall.end());
     const double t = wall[wall.size() / 2];
     const double bytes = weight_bytes() + batch * cache_bytes_per_token(config, engine->cache_spec(), context);
@@ -207,7 +220,7 @@ int main(int argc, char** argv) {
   int64_t prefill_only = 0;
   int decode_batch = 0;
   int64_t decode_context = 0;
-  std::string json;
+  std::string json, trace;
   double gpu_memory = 0.9;
   bool lanes = true;
   int64_t lanes_max = -1;
@@ -221,9 +234,10 @@ int main(int argc, char** argv) {
              (decode_context = std::atoll(argv[i + 2])) > 0)
       i += 2;
     else if (a == "--json" && i + 1 < argc) json = argv[++i];
+    else if (a == "--trace" && i + 1 < argc) trace = argv[++i];
     else if (a == "--gpu-memory" && i + 1 < argc) gpu_memory = std::atof(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--prefill LEN | --decode BATCH CONTEXT] [--json FILE] [--gpu-memory F]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--prefill LEN | --decode BATCH CONTEXT [--trace CSV]] [--json FILE] [--gpu-memory F]\n", argv[0]);
       return 2;
     }
   }
@@ -236,6 +250,7 @@ int main(int argc, char** argv) {
     }
     if (decode_batch > 0) {  // one decode row (for a profiler)
       Bench b(decode_batch, decode_context + 64, gpu_memory, lanes, lanes_max);
+      b.trace_csv = trace;
       b.decode_row(decode_batch, decode_context, quick ? 5 : 20);
       if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
       return 0;

@@ -8,14 +8,16 @@
 #   scripts/device-run.sh [STEPS]
 #     STEPS: comma list of build, test, sanitize, verify, bench, step, prefill1m,
 #            decode (step_bench --quick on the rows of DECODE_ROWS),
-#            profile (ncu on one decode row; see the step)
+#            profile (ncu on one decode row; see the step),
+#            trace (step_bench --trace: CUPTI kernel timeline of TRACE_ROWS)
 #            (default: build,test,verify,sanitize,bench)
 #   env: BUILD_DIR (default build-dev), TEST_FILTER (gtest filter for the GPU
 #        test binaries), SANITIZE_FILTER, BENCH (space list of benchmarks,
 #        default all), BENCH_ARGS, STEP_ARGS, PREFILL_LEN (default 1048560), JOBS,
 #        PROFILE_ARGS, PROFILE_KERNELS, NCU_SKIP, NCU_COUNT,
 #        DECODE_ROWS (';' list of step_bench arguments after --decode, default
-#        '1 4096;1 4096 --serial;1 65536;1 1048512;128 65536')
+#        '1 4096;1 4096 --serial;1 65536;1 1048512;128 65536'),
+#        TRACE_ROWS (';' list, default '1 4096;1 1048512;128 65536')
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -88,6 +90,17 @@ if has decode; then
     echo "exit $?" >>"$OUT/decode.log"
   done
   grep -E "^### |^\| [0-9]|^exit|rror" "$OUT/decode.log"
+fi
+if has trace; then
+  echo "== kernel traces"
+  IFS=';' read -ra rows <<<"${TRACE_ROWS:-1 4096;1 1048512;128 65536}"
+  i=0
+  for r in "${rows[@]}"; do
+    i=$((i + 1))
+    echo "### --decode $r --trace trace$i.csv"
+    timeout 300 "$b/step_bench" --quick --decode $r --trace "$OUT/trace$i.csv" 2>&1 | grep -v "^engine"
+    gzip -f "$OUT/trace$i.csv"
+  done
 fi
 if has prefill1m; then
   echo "== 1M prefill"

@@ -1,9 +1,9 @@
 // The indexer's last step (indexer_select_internal.cuh): per token, the best
 // k of its units' lists (radix select, 8-bit digits), sorted best first
-// (bitonic), mapped to global slots. Up to kStageKeys candidates are first
-// gathered into shared memory (a decode token at short context: one pass
-// over global memory instead of one per digit); more are read from the
-// lists in global memory on every pass, each list by one warp.
+// (bitonic), mapped to global slots. The candidates at or above the lists'
+// bound (1 when the group has none) are first gathered into shared memory
+// as the lists are read, once; when more than kFinalizeStageKeys remain,
+// the lists are read from global memory again on every pass.
 // Tokens without keys (padding, nothing visible) get -1 rows and length 0
 // and read nothing but the plan.
 #include <cuda_runtime.h>
@@ -16,10 +16,11 @@ namespace dsv4::cuda::ix {
 namespace {
 
 constexpr int kBits = 8;  // 32 lanes x 8 bins in radix_find
-constexpr int kStageKeys = 3072;
+constexpr int kStageKeys = kFinalizeStageKeys;
 // A list costs two dependent loads (its count, then its keys): the CTA's
-// warps take one list each instead of walking them one after another.
+// warps take one list each, and a lane loads kBatch keys before using any.
 constexpr int kWarps = kFinalizeThreads / 32;
+constexpr int kBatch = 8;
 
 __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const SelectArgs a) {
   pdl_start();  // pdl.cuh: launched with pdl_launch
@@ -30,6 +31,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   __shared__ uint32_t sel[2];
   __shared__ uint64_t sorted[kIndexerMaxTopk];
   __shared__ uint64_t staged[kStageKeys];
+  __shared__ unsigned long long bound;
   __shared__ int total, kept_count, staged_count;
   const IndexerSelectParams& p = a.p;
   const Workspace& ws = a.ws;
@@ -39,28 +41,44 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   Group gr{};
   if (ref.group >= 0) gr = ws.groups[ref.group];
   const int lists = ref.group >= 0 ? gr.units : 0;
+  const bool bounded = ref.group >= 0 && has_list_bounds(gr);
   auto list_of = [&](int s) { return int64_t(gr.list_base) + int64_t(s) * gr.count + ref.tl; };
-  // f(key) for every key of the lists (0 for a lane past a list's end:
-  // whole warps call f, as warp_append needs).
+
+  if (tid == 0) total = kept_count = staged_count = 0, bound = ~0ull;
+  __syncthreads();
+  int mine = 0;
+  for (int s = tid; s < lists; s += kFinalizeThreads) {
+    mine += ws.list_counts[list_of(s)];
+    if (bounded) atomicMin(&bound, (unsigned long long)ws.list_bounds[list_of(s)]);
+  }
+  if (mine) atomicAdd(&total, mine);
+  __syncthreads();
+  // Keys below lo are not among the best k (a bound of 0: that unit had
+  // fewer than m keys, no bound).
+  const uint64_t lo = bounded ? max(uint64_t(bound), uint64_t(1)) : 1;
+  // f(key) for every key >= lo of the lists (0 for the others and for a
+  // lane past a list's end: whole warps call f, as warp_append needs).
   auto each_listed = [&](auto&& f) {
     for (int s = warp; s < lists; s += kWarps) {
       const int64_t l = list_of(s);
       const int c = ws.list_counts[l];
-      for (int i0 = 0; i0 < c; i0 += 32) f(i0 + lane < c ? ws.list_keys[l * ws.list_stride + i0 + lane] : 0);
+      const uint64_t* keys = ws.list_keys + l * ws.list_stride;
+      for (int i0 = 0; i0 < c; i0 += 32 * kBatch) {
+        uint64_t v[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) v[b] = i0 + 32 * b + lane < c ? keys[i0 + 32 * b + lane] : 0;
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) f(v[b] >= lo ? v[b] : 0);
+      }
     }
   };
-
-  if (tid == 0) total = kept_count = staged_count = 0;
-  __syncthreads();
-  int mine = 0;
-  for (int s = tid; s < lists; s += kFinalizeThreads) mine += ws.list_counts[list_of(s)];
-  if (mine) atomicAdd(&total, mine);
-  __syncthreads();
-  const int n = total;  // keys in lists are nonzero and unique
-  const bool in_smem = n <= kStageKeys;
-  if (in_smem) {
-    each_listed([&](uint64_t key) { warp_append(key != 0, key, staged, &staged_count, lane); });
+  int n = total;  // keys in lists are nonzero and unique
+  bool in_smem = false;
+  if (bounded || n <= kStageKeys) {
+    each_listed([&](uint64_t key) { warp_append(key != 0, key, staged, &staged_count, lane, kStageKeys); });
     __syncthreads();
+    n = staged_count;  // the keys >= lo
+    in_smem = n <= kStageKeys;
   }
   // Every candidate once, as whole warps (0 stands for none).
   auto each_key = [&](auto&& f) {
@@ -71,16 +89,10 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
     }
   };
 
-  uint64_t kth = 1;  // at most k candidates: keep them all
-  if (n > k) {
-    kth = radix_kth<kBits>(
-        [&](auto&& f) {
-          each_key([&](uint64_t key) {
-            if (key) f(key);
-          });
-        },
-        uint32_t(k), hist, sel, tid, kFinalizeThreads, [] { __syncthreads(); });
-  }
+  // At most k candidates (>= lo): keep them all.
+  const uint64_t kth = n > k ? radix_kth<kBits>(each_key, uint32_t(k), hist, sel, tid, kFinalizeThreads,
+                                                [] { __syncthreads(); })
+                             : lo;
   each_key([&](uint64_t key) { warp_append(key != 0 && key >= kth, key, sorted, &kept_count, lane); });
   __syncthreads();
   const int kept = kept_count;  // min(n, k): keys are unique

@@ -552,15 +552,21 @@ __device__ void write_lists(const SelectArgs& a, const Smem& s, const Group& gr,
       const int idx = tid + kScoreThreads * i;
       keys[i] = idx < n0 ? s.buf<kFp8>(0, tl)[idx] : (idx < n ? s.buf<kFp8>(1, tl)[idx - n0] : 0);
     }
-    uint64_t kth = 1;  // fewer than k: keep every key
-    if (n > k)
-      kth = radix_kth<8>(
+    auto kth_of = [&](int need) {
+      return radix_kth<8>(
           [&](auto&& f) {
 #pragma unroll
             for (int i = 0; i < kMergePerThread; ++i) f(keys[i]);
           },
-          uint32_t(k), s.hist<kFp8>(kConsumers), m->sel[kConsumers], tid, kScoreThreads, [] { __syncthreads(); });
+          uint32_t(need), s.hist<kFp8>(kConsumers), m->sel[kConsumers], tid, kScoreThreads, [] { __syncthreads(); });
+    };
+    const uint64_t kth = n > k ? kth_of(k) : 1;  // fewer than k: keep every key
     const int64_t list = int64_t(gr.list_base) + int64_t(un.split) * gr.count + tl;
+    if (has_list_bounds(gr)) {  // indexer_select_internal.cuh: the m-th best key, m = ceil(k / units)
+      const int need = (k + gr.units - 1) / gr.units;
+      const uint64_t bound = n >= need ? kth_of(need) : 0;
+      if (tid == 0) a.ws.list_bounds[list] = bound;
+    }
     uint64_t* out = a.ws.list_keys + list * a.ws.list_stride;
 #pragma unroll
     for (int i = 0; i < kMergePerThread; ++i) warp_append(keys[i] != 0 && keys[i] >= kth, keys[i], out, &m->out_count, lane);

@@ -87,10 +87,12 @@ IndexerSelectCuda::IndexerSelectCuda(const IndexerSelectCudaLimits& limits) : im
     // wins: a decode token at 4K context scored its 16 tiles on one CTA,
     // 39 us, instead of eight; docs/perf-notes.md.)
     ws.min_unit_tiles = 2;
-    // Merging S lists of k keys costs about S * k * 32 bytes of reads on one
-    // multiprocessor; 64 balances that against the scoring's parallelism for
-    // a single token at 1M context (4,096 tiles).
-    ws.max_group_units = 64;
+    // Finalize merges a token's S lists on one multiprocessor. It reads them
+    // once and keeps only the keys at or above their bound (see
+    // indexer_select_internal.cuh), so S = 128 lets a single token at 1M
+    // context (4,096 tiles) score on 128 CTAs: 1M step 6.86 -> 6.30 ms
+    // against S = 64 (docs/perf-notes.md, run E2).
+    ws.max_group_units = 128;
     ws.max_units = ws.target_units + tokens;
     ws.max_lists = cuda::ix::kGroupTokens * ws.target_units + tokens;
     ws.list_stride = limits.topk;
@@ -100,6 +102,7 @@ IndexerSelectCuda::IndexerSelectCuda(const IndexerSelectCudaLimits& limits) : im
     ws.counters = impl_->alloc<cuda::ix::Counters>(1);
     ws.list_keys = impl_->alloc<uint64_t>(size_t(ws.max_lists) * size_t(ws.list_stride));
     ws.list_counts = impl_->alloc<int32_t>(size_t(ws.max_lists));
+    ws.list_bounds = impl_->alloc<uint64_t>(size_t(ws.max_lists));
   } catch (...) {
     delete impl_;
     throw;

@@ -13,6 +13,12 @@
 //                      token's best k of the unit as a list of order keys.
 //  finalize  (1 CTA per token) selects the best k of the token's lists,
 //                      sorts them best first and writes picks, slots, lengths.
+// List bounds: when a token has more keys than finalize stages in shared
+// memory, each of its S lists also records the m-th best key of its unit,
+// m = ceil(k / S) (0 when the unit has fewer than m keys). Every list then
+// holds m keys at or above the smallest bound t, so S * m >= k keys are
+// >= t and the token's k-th best key is >= t: finalize drops every key
+// below t as it reads the lists, once, and selects among the few left.
 // Memory: the lists, (4 * units target + max_tokens) * topk keys, fixed at
 // construction whatever the context length (SPEC §9).
 #include <cuda_runtime.h>
@@ -29,6 +35,7 @@ inline constexpr int kHeads = 64;        // the scorer's query heads (V4: index_
 inline constexpr int kPlanThreads = 1024;
 inline constexpr int kScoreThreads = 256;     // two consumer warpgroups
 inline constexpr int kFinalizeThreads = 512;
+inline constexpr int kFinalizeStageKeys = 3072;  // candidates finalize holds in shared memory
 
 struct Group {
   int32_t run, first, count, tiles;  // tokens first .. first + count - 1; key tiles 0 .. tiles - 1
@@ -52,12 +59,19 @@ struct Workspace {
   Counters* counters = nullptr;
   uint64_t* list_keys = nullptr;  // [max_lists, topk]
   int32_t* list_counts = nullptr; // [max_lists]
+  uint64_t* list_bounds = nullptr; // [max_lists], for groups where has_list_bounds
   int max_units = 0, max_lists = 0;
   int target_units = 0;    // about this many units per call (balanced work)
   int min_unit_tiles = 1;  // smallest unit, in tiles
   int max_group_units = 1; // most units per group (its tokens' lists are merged by one CTA)
   int list_stride = 0;     // keys per list (the limits' topk)
 };
+
+// Whether the score kernel writes the group's list bounds (see above): more
+// than one list and more keys than finalize can stage.
+__device__ __forceinline__ bool has_list_bounds(const Group& g) {
+  return g.units > 1 && int64_t(g.tiles) * kTileKeys > kFinalizeStageKeys;
+}
 
 struct SelectArgs {
   IndexerSelectParams p;

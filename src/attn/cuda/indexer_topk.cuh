@@ -46,8 +46,11 @@ __device__ __forceinline__ void radix_find(const uint32_t* hist, uint32_t* sel, 
 
 // The k-th largest key among the keys that `visit` enumerates, over the
 // threads tid = 0 .. nthreads - 1 that call it together (sync() is their
-// barrier). visit(f) calls f(key) for every key this thread holds (0 =
-// empty, skipped). hist: 2^kBits words, sel: 2 words of shared memory,
+// barrier; nthreads a multiple of 32). visit(f) calls f(key) for every key
+// this thread holds (0 = empty, skipped), from whole warps in step: a
+// warp's lanes with the same digit add to the histogram once (scores of a
+// step share their leading bits, so plain atomics on the first digit would
+// serialize 32 ways). hist: 2^kBits words, sel: 2 words of shared memory,
 // used by no other thread while this runs. Needs 1 <= k <= number of keys.
 // Digits of kBits from bit 33 down. Three barriers per digit order every
 // reuse: hist is zeroed before [1], counted before [2], read by radix_find
@@ -64,7 +67,10 @@ __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_
     for (int i = tid; i < (1 << kBits); i += nthreads) hist[i] = 0;
     sync();  // [1]
     visit([&](uint64_t key) {
-      if ((key & mask) == prefix) atomicAdd(hist + ((key >> shift) & digit_mask), 1u);
+      const bool in = (key & mask) == prefix;
+      const uint32_t bin = in ? uint32_t((key >> shift) & digit_mask) : ~0u;
+      const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+      if (in && __ffs(peers) - 1 == (tid & 31)) atomicAdd(hist + bin, uint32_t(__popc(peers)));
     });
     sync();  // [2]
     if (tid < 32) radix_find<kBits>(hist, sel, need, tid);
@@ -96,15 +102,19 @@ __device__ inline void bitonic_sort_desc(uint64_t* s, int n, int tid, int nthrea
 }
 
 // Appends the keys for which `take` holds to buf at positions taken from
-// *count (one shared-memory atomic per warp). Every lane of the warp must call.
-__device__ __forceinline__ void warp_append(bool take, uint64_t key, uint64_t* buf, int* count, int lane) {
+// *count (one shared-memory atomic per warp). Every lane of the warp must
+// call. Positions at or past cap are counted but not written: *count > cap
+// afterwards says that buf overflowed.
+__device__ __forceinline__ void warp_append(bool take, uint64_t key, uint64_t* buf, int* count, int lane,
+                                            int cap = 0x7fffffff) {
   const uint32_t ballot = __ballot_sync(0xffffffffu, take);
   if (ballot == 0) return;
   const int leader = __ffs(ballot) - 1;
   int base = 0;
   if (lane == leader) base = atomicAdd(count, __popc(ballot));
   base = __shfl_sync(0xffffffffu, base, leader);
-  if (take) buf[base + __popc(ballot & ((1u << lane) - 1u))] = key;
+  const int at = base + __popc(ballot & ((1u << lane) - 1u));
+  if (take && at < cap) buf[at] = key;
 }
 
 }  // namespace dsv4::cuda::ix

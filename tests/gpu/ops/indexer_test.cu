@@ -271,6 +271,7 @@ struct WorldOptions {
   int64_t page_offset = 0;  // first page id handed out (big: byte offsets past 2^31)
   double slow_key_rate = 0;  // MXFP4 keys with a block 2^5 below the others (the exact path)
   int duplicate_every = 0;   // > 0: every key j with j % this != 0 copies key j - j % this (exact ties)
+  bool one_key = false;      // every key of a run is its first key (one score)
   uint32_t seed = 1;
 };
 
@@ -322,12 +323,13 @@ World make_world(IndexKeyFormat f, int topk, const std::vector<RunSpec>& runs, c
         const bool slow = f == IndexKeyFormat::kMxfp4 && std::generate_canonical<double, 32>(rng) < opt.slow_key_rate;
         random_key(rng, f, slow, base, t);
       }
-      if (opt.duplicate_every > 0) {  // copy records within the page: equal keys, equal scores
+      if (opt.duplicate_every > 0 || opt.one_key) {  // copy records within the page: equal keys, equal scores
         const int cb = indexer_code_bytes(f);
+        const uint8_t* from = opt.one_key ? w.pool.data() + size_t(w.used[w.used.size() - size_t(b) - 1]) * w.stride : base;
         for (int t = 0; t < kIndexerKeysPerPage; ++t) {
-          const int src = t - t % opt.duplicate_every;
-          std::memcpy(base + size_t(cb) * t, base + size_t(cb) * src, size_t(cb));
-          std::memcpy(base + size_t(cb) * 64 + 4 * t, base + size_t(cb) * 64 + 4 * src, 4);
+          const int src = opt.one_key ? 0 : t - t % opt.duplicate_every;
+          std::memcpy(base + size_t(cb) * t, from + size_t(cb) * src, size_t(cb));
+          std::memcpy(base + size_t(cb) * 64 + 4 * t, from + size_t(cb) * 64 + 4 * src, 4);
         }
       }
     }
@@ -555,6 +557,14 @@ TEST_F(IndexerCudaTest, ExactTiesGoToTheLowerKey) {
   const std::vector<RunSpec> runs = {RunSpec{9000, 5, 0}, RunSpec{3000, 1, 0}};
   run_case(IndexKeyFormat::kMxfp4, 512, runs, {.duplicate_every = 4, .seed = 8});
   run_case(IndexKeyFormat::kMxfp4, 64, runs, {.duplicate_every = 64, .seed = 9});  // whole pages tie
+}
+
+// Every key of a run equal (one score, ties to the lower j): the lists'
+// bound then keeps nearly every key, more than finalize stages, and it
+// selects from the lists in global memory.
+TEST_F(IndexerCudaTest, AllKeysTiePastTheStage) {
+  run_case(IndexKeyFormat::kMxfp4, 512, {RunSpec{40000, 1, 0}, RunSpec{20000, 2, 0}},
+           {.one_key = true, .seed = 15});
 }
 
 // Keys whose MXFP4 blocks span more than 3 binades take the exact scalar path.

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Reads a kernel timeline of one decode step (step_bench --trace CSV[.gz])
+and prints where a layer's time goes, per layer type.
+
+Layers are cut at the ends of residual_norm_kernel (the norm that starts each
+layer after the first); a layer with the indexer's score_kernel is C4A, one
+with a compressor (state_rows_kernel) but no scorer is C128A, the rest are
+SWA-only. For the median layer of each type it lists every kernel in start
+order with its end measured from the layer's start: with programmatic
+dependent launch a kernel starts before the one it waits for has ended, so
+the ends, not the durations, show the chain.
+
+usage: scripts/trace_chain.py TRACE.csv[.gz]
+"""
+import csv
+import gzip
+import re
+import statistics
+import sys
+
+
+def base_name(name):
+    name = name.replace("(anonymous namespace)::", "")
+    if name.startswith("void "):
+        name = name[5:]
+    return re.split(r"[<(]", name)[0].split("::")[-1]
+
+
+def load(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        rows = [
+            {"s": int(r["start_ns"]), "e": int(r["end_ns"]), "stream": r["stream"], "ctas": int(r["ctas"]),
+             "k": base_name(r["kernel"])}
+            for r in csv.DictReader(f)
+        ]
+    return sorted(rows, key=lambda r: r["s"])
+
+
+def layers(rows):
+    cuts = [r["e"] for r in rows if r["k"] == "residual_norm_kernel"]
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        ks = [r for r in rows if a < r["e"] <= b]  # a kernel belongs to the layer it ends in
+        names = {r["k"] for r in ks}
+        kind = "C4A" if "score_kernel" in names else ("C128A" if "state_rows_kernel" in names else "SWA")
+        out.append((kind, a, b, ks))
+    return out
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    rows = load(sys.argv[1])
+    span = max(r["e"] for r in rows) - min(r["s"] for r in rows)
+    print(f"{len(rows)} kernels, step span {span / 1e3:.1f} us")
+    ls = layers(rows)
+    for kind in ("SWA", "C128A", "C4A"):
+        mine = [l for l in ls if l[0] == kind]
+        if not mine:
+            continue
+        times = [b - a for _, a, b, _ in mine]
+        med = statistics.median(times)
+        _, a, b, ks = min(mine, key=lambda l: abs((l[2] - l[1]) - med))
+        print(f"\n{kind}: {len(mine)} layers, median {med / 1e3:.1f} us (min {min(times) / 1e3:.1f}, "
+              f"max {max(times) / 1e3:.1f}); the median layer:")
+        print("| kernel | stream | CTAs | ends at us | duration us |\n|---|---|---|---|---|")
+        for r in ks:
+            print(f"| {r['k']} | {r['stream']} | {r['ctas']} | {(r['e'] - a) / 1e3:.1f} | {(r['e'] - r['s']) / 1e3:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
