@@ -32,8 +32,7 @@ struct KernelRecord {
 class KernelTrace {
  public:
   void start();
-  void stop();  // flushes: records() is complete after it
-  const std::vector<KernelRecord>& records() const { return records_; }
+  void stop();  // flushes: every record of the step is in after it
   void write_csv(const std::string& path) const;
   void summary(int top) const;
 

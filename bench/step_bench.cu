@@ -241,6 +241,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (!trace.empty() && decode_batch == 0) {
+    std::fprintf(stderr, "%s: --trace needs --decode BATCH CONTEXT (it times one decode row's step)\n", argv[0]);
+    return 2;
+  }
   try {
     if (prefill_only > 0) {
       Bench b(1, prefill_only + 16, gpu_memory, lanes, lanes_max);
