@@ -14,9 +14,10 @@
 // cuBLASLt). cuBLASLt takes FP8 block-scaled problems only for M a multiple
 // of 8: below 8 its column shows "-".
 //
-//   linear_bench [--quick] [--shape NAME] [--splits N] [--small-m-max N] [--reps N]
+//   linear_bench [--quick] [--hot] [--shape NAME] [--splits N] [--small-m-max N] [--reps N]
 //
-// --quick: M in {1, 8, 64, 512}; --shape: rows whose name contains NAME;
+// --quick: M in {1, 8, 64, 512}; --hot: one weight copy, so every call reads
+// its weight from L2 where it fits (what an L2 prefetch could reach); --shape: rows whose name contains NAME;
 // --splits: force the own kernel's split of k; --small-m-max: the automatic
 // path's threshold (default 32).
 #include <cuda_runtime.h>
@@ -115,6 +116,7 @@ struct Options {
   int small_m_max = 32;
   int splits = 0;  // the own kernel's split of k (0: automatic)
   int reps = 15;
+  bool hot = false;  // one weight copy: every call after the first reads it from L2
 };
 
 // The C weight copies of one shape, any kind.
@@ -145,7 +147,7 @@ struct Copies {
   }
 };
 
-Copies make_copies(const Shape& s, uint64_t seed) {
+Copies make_copies(const Shape& s, uint64_t seed, bool hot) {
   Copies c;
   c.kind = s.kind;
   std::vector<WeightMatrix> parts;
@@ -160,7 +162,7 @@ Copies make_copies(const Shape& s, uint64_t seed) {
   std::vector<const WeightMatrix*> ptrs;
   for (const WeightMatrix& w : parts) ptrs.push_back(&w);
   const double bytes = double(n * s.k) * (s.kind == Kind::kBf16 ? 2 : 1);
-  const int copies = int(std::clamp(std::ceil(kRotateBytes / bytes), 2.0, 64.0));
+  const int copies = hot ? 1 : int(std::clamp(std::ceil(kRotateBytes / bytes), 2.0, 64.0));
   for (int i = 0; i < copies; ++i) {
     switch (s.kind) {
       case Kind::kFp8: c.fp8.push_back(std::make_unique<Fp8Linear>(ptrs)); break;
@@ -234,7 +236,7 @@ std::string route_text(const LinearRoute& r) {
 }
 
 void run_shape(const Shape& s, const std::vector<int>& ms, const Options& opt, uint64_t seed) {
-  Copies c = make_copies(s, seed);
+  Copies c = make_copies(s, seed, opt.hot);
   int64_t n = 0;
   for (int64_t r : s.rows) n += r;
   const int64_t in = s.k * s.groups, out = n;
@@ -301,10 +303,12 @@ int main(int argc, char** argv) {
       opt.splits = std::atoi(argv[++i]);
     } else if (a == "--small-m-max" && i + 1 < argc) {
       opt.small_m_max = std::atoi(argv[++i]);
+    } else if (a == "--hot") {
+      opt.hot = true;
     } else if (a == "--reps" && i + 1 < argc) {
       opt.reps = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--shape NAME] [--splits N] [--small-m-max N] [--reps N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--hot] [--shape NAME] [--splits N] [--small-m-max N] [--reps N]\n", argv[0]);
       return 2;
     }
   }

@@ -5,14 +5,17 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "attn/cuda/fp8_dequant.cuh"
+#include "attn/cuda/out_rope.h"
 #include "attn/cuda/sparse_attention_cuda.h"
 #include "attn/cuda/sparse_mla_internal.cuh"
 #include "common/error.h"
 #include "numerics/e4m3.h"
+#include "numerics/rope.h"
 #include "numerics/ue8m0.h"
 #include "sparse_attention_case.h"
 
@@ -352,6 +355,59 @@ void check_nan_code(int heads, int byte) {
       for (int d = 0; d < 512; ++d)
         ASSERT_FALSE(std::isnan(bf16_to_float(out[(size_t(t) * heads + h) * 512 + d]))) << "token " << t << " byte " << byte;
   }
+}
+
+// ---- the output rotation fused into the output writes -------------------------
+
+// run() with an OutputRope (its table from out_rope_table_cuda) must give,
+// bit for bit, run() followed by the output path's own kernel (out_rope.h),
+// on whole units (the attention kernel's writes) and split ones (the
+// combine's). Positions span 0 ..
+// 1,048,575; the check that the rotation changed the output keeps the
+// comparison from passing on two unrotated outputs.
+void check_fused_output_rope(const CaseSpec& spec) {
+  const HostCase hc = make_case(spec);
+  DeviceCase dc(hc);
+  SparseAttentionCuda attn({spec.tokens, 128, 1});
+  std::mt19937_64 rng(spec.seed);
+  std::vector<int32_t> pos(size_t(spec.tokens));
+  for (int32_t& x : pos) x = int32_t(rng() % 1048576);
+  pos[0] = 1048575;
+  const int32_t* d_pos = dc.upload(pos);
+  const Rope rope(RopeParams{160000, false, YarnParams{}});
+  float* table = dc.upload(std::vector<float>(size_t(spec.tokens) * 64));
+  cuda::out_rope_table_cuda(d_pos, spec.tokens, rope, table, nullptr);
+  std::vector<uint16_t> plain, separate, fused;
+  std::vector<float> plain_lse, separate_lse, fused_lse;
+  dc.plan_run_download(attn, plain, plain_lse);
+  cuda::out_inverse_rope_cuda(cuda::OutInverseRopeParams{spec.tokens, spec.heads, dc.p.out, int64_t(spec.heads) * 512,
+                                                          d_pos, &rope},
+                              nullptr);
+  DSV4_CUDA_OK(cudaDeviceSynchronize());
+  dc.download(separate, separate_lse);
+  dc.poison();
+  attn.run(dc.p, nullptr, 0, OutputRope{table});
+  DSV4_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(dc.guards_intact()) << "a call wrote past its outputs";
+  dc.download(fused, fused_lse);
+  size_t rotated = 0, first_diff = fused.size();
+  for (size_t i = 0; i < fused.size(); ++i) {
+    rotated += separate[i] != plain[i];
+    if (fused[i] != separate[i] && first_diff == fused.size()) first_diff = i;
+  }
+  EXPECT_GT(rotated, fused.size() / 40) << "the rotation changed too little to test anything";
+  EXPECT_EQ(first_diff, fused.size()) << "first difference at token " << first_diff / (spec.heads * 512) << ", head "
+                                      << first_diff / 512 % spec.heads << ", dim " << first_diff % 512;
+  EXPECT_EQ(std::memcmp(fused_lse.data(), plain_lse.data(), fused_lse.size() * 4), 0) << "lse changed";
+  std::printf("    tokens %d heads %d: %zu of %zu output values rotated\n", spec.tokens, spec.heads, rotated, fused.size());
+}
+
+TEST_F(SparseAttentionCudaTest, FusedOutputRopeMatchesItsOwnKernel) {
+  check_fused_output_rope({.tokens = 2, .heads = 64, .extra_width = 8192, .extra_page = 2, .seed = 70});  // split
+  check_fused_output_rope({.tokens = 200, .heads = 64, .seed = 71});                                    // whole
+  check_fused_output_rope({.tokens = 40, .heads = 128, .extra_width = 1024, .extra_page = 2, .empty_rows = 5,
+                           .seed = 72});  // clusters, mixed, empty rows
+  check_fused_output_rope({.tokens = 9, .heads = 96, .extra_width = 512, .seed = 73});  // a partial head block
 }
 
 TEST_F(SparseAttentionCudaTest, NanCodeInAnAttendedEntryGivesNan) {

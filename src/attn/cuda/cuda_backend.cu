@@ -76,7 +76,8 @@ class CudaBackend final : public AttentionBackend {
     DSV4_REQUIRE(budget > 0 && budget <= int64_t(free0),
                  "--gpu-memory asks for " + std::to_string(budget >> 20) + " MiB; the device has " +
                      std::to_string(free0 >> 20) + " MiB free");
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, lane_priority(cuda::Lane::kMain)),
+          "cudaStreamCreate");
     const StepDims cap = step_capacity(spec, cuda);
     for (const LayerWeights& w : weights) layers_.push_back(std::make_unique<cuda::CudaLayer>(config, w, options.index_keys, cuda::LinearOptions{}));
     make_lanes(cap.tokens);
@@ -207,7 +208,7 @@ class CudaBackend final : public AttentionBackend {
     capturing_ = false;
     bufs_.capturing = false;
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
     cudaGraphDestroy(graph);
     check(e, "graph instantiate");
     graphs_[{graph_key_, timed_}] = exec;
@@ -284,10 +285,28 @@ class CudaBackend final : public AttentionBackend {
       if (needs.empty()) continue;
       linear_.push_back(std::make_unique<cuda::LinearWorkspace>(needs));
       lane_linear_[l] = linear_.back().get();
-      check(cudaStreamCreateWithFlags(&lane_streams_[l], cudaStreamNonBlocking), "cudaStreamCreate");
+      check(cudaStreamCreateWithPriority(&lane_streams_[l], cudaStreamNonBlocking, lane_priority(cuda::Lane(l))),
+            "cudaStreamCreate");
     }
     if (!cuda_.lanes || lane_m <= 0) return;
     for (cudaEvent_t& e : lane_events_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  }
+
+  // Stream priorities: where lanes run side by side, the multiprocessors
+  // take the compressor lane's CTAs first (its chain ends in the indexer's
+  // keys and the C128A entries, the longest wait of their layers), then the
+  // main lane's, then q's heads (C4A: needed only after the indexer).
+  // Graphs keep them: captured kernel nodes copy their stream's priority
+  // and are instantiated to use it.
+  static int lane_priority(cuda::Lane lane) {
+    int least = 0, greatest = 0;
+    check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    switch (lane) {
+      case cuda::Lane::kCompress: return greatest;
+      case cuda::Lane::kMain: return greatest < least ? greatest + 1 : greatest;
+      case cuda::Lane::kHeads: break;
+    }
+    return least;
   }
 
   // The step's lanes: their own streams for steps of up to lanes_max_tokens
@@ -310,9 +329,12 @@ class CudaBackend final : public AttentionBackend {
           bufs_.step.positions, bufs_.real_tokens, launched_, config_.index_topk, bufs_.c4a_lengths);
       check(cudaGetLastError(), "c4a lengths kernel");
     }
-    for (int t = 0; t < kNumLayerTypes; ++t)
-      if (first_layer_[t] >= 0)
-        attention_->plan(layers_[size_t(first_layer_[t])]->attention_params(bufs_), stream_, t);
+    for (int t = 0; t < kNumLayerTypes; ++t) {
+      if (first_layer_[t] < 0) continue;
+      const cuda::CudaLayer& first = *layers_[size_t(first_layer_[t])];
+      attention_->plan(first.attention_params(bufs_), stream_, t);
+      first.output_rope_table(bufs_);
+    }
     if (indexer_) indexer_->plan(layers_[size_t(first_layer_[int(LayerType::kC4A)])]->indexer_params(bufs_), stream_);
     prologue_done_ = true;
   }

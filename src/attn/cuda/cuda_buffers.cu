@@ -66,6 +66,7 @@ void carve(Carver& c, StepBuffers& b, const ModelConfig& m, IndexKeyFormat keys,
   b.pick_lengths = c.take<int32_t>(T);
   b.c4a_lengths = c.take<int32_t>(T);
   b.o = c.take<uint16_t>(T * H * kKvDim);
+  for (float*& cs : b.out_rope_cs) cs = c.take<float>(T * kRopeDim);
   b.u = c.take<uint16_t>(T * out);
   b.u8 = fp8_act(c, tokens, int(out), capacity);
   b.y = c.take<uint16_t>(T * D);

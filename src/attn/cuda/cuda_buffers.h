@@ -39,8 +39,8 @@ class LinearWorkspace;
 enum class Lane { kMain, kHeads, kCompress };
 inline constexpr int kNumLanes = 3;
 // The points where one lane waits for another, each with its own event.
-enum class LanePoint { kLayerInput, kCq, kProj, kCompressed, kHeads };
-inline constexpr int kNumLanePoints = 5;
+enum class LanePoint { kLayerInput, kCq, kProj, kIndexKeys, kCompressed, kHeads };
+inline constexpr int kNumLanePoints = 6;
 
 struct StepBuffers {
   CUstream_st* stream = nullptr;                    // the main lane (lanes[kMain])
@@ -72,6 +72,7 @@ struct StepBuffers {
   int32_t* pick_lengths = nullptr; // [T]
   int32_t* c4a_lengths = nullptr;  // [T] min(topk, visible): the C4A plan's lengths
   uint16_t* o = nullptr;           // [T, H * 512] bf16 attention output
+  float* out_rope_cs[kNumLayerTypes] = {};  // per layer type [T][32][2]: the output rotation's factors (out_rope.h)
   uint16_t* u = nullptr;           // [T, G * o_lora] bf16 wo_a output
   Fp8ActOut u8;
   uint16_t* y = nullptr;           // [T, D] bf16 layer output

@@ -206,10 +206,10 @@ void CudaLayer::project_q_kv(StepBuffers& b) {
     lane_mark(b, Lane::kMain, LanePoint::kCq);
     lane_wait(b, h, LanePoint::kCq);
   }
-  wq_b_.forward(b.cq8, b.q, int64_t(H) * kKvDim, b.linear(h), b.on(h));
-  q_head_norm_rope_cuda(QHeadNormRopeParams{T, H, b.q, int64_t(H) * kKvDim, float(config_.rms_norm_eps),
-                                            b.step.positions, &rope_},
-                        b.on(h));
+  // q's per-head norm and RoPE: fused into wq_b's kernel where it can be (decode).
+  const QHeadNormRopeParams heads{T, H, b.q, int64_t(H) * kKvDim, float(config_.rms_norm_eps), b.step.positions, &rope_};
+  if (!wq_b_.forward(b.cq8, b.q, int64_t(H) * kKvDim, b.linear(h), b.on(h), &heads))
+    q_head_norm_rope_cuda(heads, b.on(h));
   if (h != Lane::kMain) lane_mark(b, h, LanePoint::kHeads);
 }
 
@@ -245,8 +245,8 @@ void CudaLayer::compress(StepBuffers& b) {
   p.record = EntryFormat::kFp8DsMla;
   p.bf16_rounding = true;
   p.hadamard = false;
-  compressor_cuda(p, stream);
-  if (c4a) {
+  CompressorParams main = p;
+  if (c4a) {  // the index keys first: the scorer waits for them
     p.dim = kIndexDim;
     p.a_col = col.idx_a;
     p.g_col = col.idx_g;
@@ -257,7 +257,9 @@ void CudaLayer::compress(StepBuffers& b) {
     p.record = keys_ == IndexKeyFormat::kFp8 ? EntryFormat::kIndexFp8 : EntryFormat::kIndexMxfp4;
     p.hadamard = true;
     compressor_cuda(p, stream);
+    lane_mark(b, Lane::kCompress, LanePoint::kIndexKeys);
   }
+  compressor_cuda(main, stream);
   lane_mark(b, Lane::kCompress, LanePoint::kCompressed);
 }
 
@@ -283,7 +285,7 @@ void CudaLayer::select(StepBuffers& b) {
   q.out.num_tokens = T;
   lane_wait(b, Lane::kMain, LanePoint::kProj);  // weights_proj's columns
   indexer_queries_cuda(q, b.stream);
-  lane_wait(b, Lane::kMain, LanePoint::kCompressed);  // this step's index keys
+  lane_wait(b, Lane::kMain, LanePoint::kIndexKeys);  // this step's index keys
   b.indexer->run_planned(indexer_params(b), b.stream);  // on the step's plan (the backend's prologue)
   mark(b, 2 * layer_ + 1);
 }
@@ -332,13 +334,19 @@ SparseAttentionParams CudaLayer::attention_params(const StepBuffers& b) const {
   return p;
 }
 
-void CudaLayer::attend(StepBuffers& b) {
-  b.attention->run(attention_params(b), b.stream, int(type_));
+void CudaLayer::output_rope_table(const StepBuffers& b) const {
+  out_rope_table_cuda(b.step.positions, b.tokens, rope_, b.out_rope_cs[int(type_)], b.stream);
 }
 
-void CudaLayer::project_out(StepBuffers& b) {
+void CudaLayer::attend(StepBuffers& b, bool rotate_out) {
+  const OutputRope rope{rotate_out ? b.out_rope_cs[int(type_)] : nullptr};
+  b.attention->run(attention_params(b), b.stream, int(type_), rope);
+}
+
+void CudaLayer::project_out(StepBuffers& b, bool rotate_out) {
   const int T = b.tokens, H = config_.num_heads;
-  out_inverse_rope_cuda(OutInverseRopeParams{T, H, b.o, int64_t(H) * kKvDim, b.step.positions, &rope_}, b.stream);
+  if (rotate_out)
+    out_inverse_rope_cuda(OutInverseRopeParams{T, H, b.o, int64_t(H) * kKvDim, b.step.positions, &rope_}, b.stream);
   const int64_t u_cols = int64_t(config_.o_groups) * config_.o_lora_rank;
   if (!wo_a_per_group(config_)) {
     wo_a_[0].forward(b.o, int64_t(H) * kKvDim, T, b.u, u_cols, &b.u8, b.linear(Lane::kMain), b.stream);
@@ -360,10 +368,12 @@ void CudaLayer::forward(StepBuffers& b, LayerCapture* capture) {
   // Attention reads q, the compressed entries and (C4A) the picks.
   if (proj_) lane_wait(b, Lane::kMain, LanePoint::kCompressed);
   if (heads_lane() != Lane::kMain) lane_wait(b, Lane::kMain, LanePoint::kHeads);
-  attend(b);
+  // The output's inverse RoPE is fused into the attention's output writes,
+  // except when the golden replay reads o back before it (then its own kernel).
+  attend(b, /*rotate_out=*/capture == nullptr);
   if (capture) {
-    // Read back what the golden replay compares before later ops overwrite
-    // o (inverse RoPE in place); q, picks and cache entries stay.
+    // Read back what the golden replay compares before the inverse RoPE
+    // (in place on o); q, picks and cache entries stay.
     check(cudaStreamSynchronize(b.stream), "capture");
     const int real = real_tokens(b), H = config_.num_heads;
     capture->q = download_bf16(b.q, real, int64_t(H) * kKvDim, int64_t(H) * kKvDim);
@@ -393,7 +403,7 @@ void CudaLayer::forward(StepBuffers& b, LayerCapture* capture) {
       }
     }
   }
-  project_out(b);
+  project_out(b, /*rotate_out=*/capture != nullptr);
 }
 
 }  // namespace dsv4::cuda

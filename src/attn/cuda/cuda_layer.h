@@ -2,12 +2,15 @@
 // One V4 attention layer on the GPU (SPEC §4, production numerics of §5), in
 // the order of SPEC §7, as a sequence of CUDA ops:
 //   1. [wq_a | wkv] FP8 (one GEMM) -> q/kv norms, RoPE on kv, the SWA record;
-//      wq_b FP8 -> per-head norm and RoPE on q; the bf16 projections of the
-//      compressors and weights_proj (one GEMM, fp32 out)
-//   3. compressors (state rows, entries at block ends); C4A: indexer q
-//      (indexer.wq_b FP8, RoPE, Hadamard, quantization) and its selection
-//   4. sparse attention over the window and the compressed entries
-//   5. inverse RoPE, wo_a (grouped, FP8 output fused), wo_b FP8.
+//      wq_b FP8 -> per-head norm and RoPE on q (in wq_b's kernel for decode
+//      rows); the bf16 projections of the compressors and weights_proj (one
+//      GEMM, fp32 out)
+//   3. compressors (state rows, entries at block ends; C4A: the index keys
+//      first); C4A: indexer q (indexer.wq_b FP8, RoPE, Hadamard,
+//      quantization) and its selection
+//   4. sparse attention over the window and the compressed entries, the
+//      output's inverse RoPE applied as it is written
+//   5. wo_a (grouped, FP8 output fused), wo_b FP8.
 // Weights are uploaded once at construction; the step's activations live in
 // the backend's buffers (LayerBuffers).
 #include <cstdint>
@@ -56,6 +59,10 @@ class CudaLayer {
   // The indexer's call for this (C4A) layer; its plan serves every C4A layer
   // of the step (IndexerSelectCuda::run_planned).
   IndexerSelectParams indexer_params(const StepBuffers& b) const;
+  // Once per step and layer type: the output rotation's factors at the
+  // step's positions (StepBuffers::out_rope_cs), which attend() fuses into
+  // the attention's output writes.
+  void output_rope_table(const StepBuffers& b) const;
 
   // What the layer's linears on `lane` need of its workspace at max_m rows.
   std::vector<LinearNeeds> needs(int max_m, Lane lane) const;
@@ -66,8 +73,8 @@ class CudaLayer {
   void project_q_kv(StepBuffers& b);
   void compress(StepBuffers& b);
   void select(StepBuffers& b);
-  void attend(StepBuffers& b);
-  void project_out(StepBuffers& b);
+  void attend(StepBuffers& b, bool rotate_out);  // rotate_out: the output inverse RoPE fused in
+  void project_out(StepBuffers& b, bool rotate_out);  // rotate_out: the inverse RoPE first
   void mark(StepBuffers& b, int event) const;
   Lane heads_lane() const;  // wq_b's lane: its own where the indexer runs beside it
 

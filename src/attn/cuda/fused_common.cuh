@@ -20,11 +20,11 @@
 #include <string>
 
 #include "attn/cuda/fp8_act.h"
+#include "attn/cuda/rope.cuh"
 #include "attn/cuda/warp.cuh"
 #include "cache/fp8_ds_mla.h"
 #include "cache/pages.h"
 #include "common/error.h"
-#include "numerics/rope.h"
 
 namespace dsv4::cuda {
 
@@ -44,38 +44,6 @@ __device__ __forceinline__ void store_bf16x4(uint16_t* dst, const float (&v)[4])
   w.x = uint32_t(bf16_store(v[0])) | (uint32_t(bf16_store(v[1])) << 16);
   w.y = uint32_t(bf16_store(v[2])) | (uint32_t(bf16_store(v[3])) << 16);
   *reinterpret_cast<uint2*>(dst) = w;
-}
-
-// ---- RoPE --------------------------------------------------------------------
-
-// The layer's 32 RoPE frequencies, passed to kernels by value.
-struct RopeFreqs {
-  float inv_freq[kRopeDim / 2];
-};
-
-inline RopeFreqs rope_freqs(const Rope& rope) {
-  RopeFreqs f{};
-  for (int i = 0; i < kRopeDim / 2; ++i) f.inv_freq[i] = rope.inv_freq()[size_t(i)];
-  return f;
-}
-
-// cos and sin of pair i at position pos, as Rope::apply computes them: the
-// angle a float product, cos and sin in double, each rounded to float.
-// inverse: the sine negated (rotation by -angle).
-__device__ __forceinline__ float2 rope_cos_sin(int64_t pos, float inv_freq, bool inverse = false) {
-  const float angle = __fmul_rn(__ll2float_rn(pos), inv_freq);
-  double s = 0, c = 0;
-  sincos(double(angle), &s, &c);
-  const float sf = __double2float_rn(s);
-  return make_float2(__double2float_rn(c), inverse ? -sf : sf);
-}
-
-// Pair (a, b) rotated by cs = (cos, sin): a*c - b*s, a*s + b*c, every product rounded.
-__device__ __forceinline__ void rope_rotate(float& a, float& b, float2 cs) {
-  const float x0 = __fsub_rn(__fmul_rn(a, cs.x), __fmul_rn(b, cs.y));
-  const float x1 = __fadd_rn(__fmul_rn(a, cs.y), __fmul_rn(b, cs.x));
-  a = x0;
-  b = x1;
 }
 
 // ---- RMSNorm -----------------------------------------------------------------

@@ -33,6 +33,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   __shared__ uint64_t staged[kStageKeys];
   __shared__ unsigned long long bound;
   __shared__ int total, kept_count, staged_count;
+  __shared__ int counts[kMaxGroupUnits];  // list s's count, loaded once
   const IndexerSelectParams& p = a.p;
   const Workspace& ws = a.ws;
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, k = p.topk;
@@ -48,7 +49,8 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   __syncthreads();
   int mine = 0;
   for (int s = tid; s < lists; s += kFinalizeThreads) {
-    mine += ws.list_counts[list_of(s)];
+    counts[s] = ws.list_counts[list_of(s)];
+    mine += counts[s];
     if (bounded) atomicMin(&bound, (unsigned long long)ws.list_bounds[list_of(s)]);
   }
   if (mine) atomicAdd(&total, mine);
@@ -61,7 +63,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   auto each_listed = [&](auto&& f) {
     for (int s = warp; s < lists; s += kWarps) {
       const int64_t l = list_of(s);
-      const int c = ws.list_counts[l];
+      const int c = counts[s];
       const uint64_t* keys = ws.list_keys + l * ws.list_stride;
       for (int i0 = 0; i0 < c; i0 += 32 * kBatch) {
         uint64_t v[kBatch];

@@ -15,43 +15,12 @@
 // sum S c <= 4 target + tokens, the workspace's bounds.
 #include <cuda_runtime.h>
 
+#include "attn/cuda/block_scan.cuh"
 #include "attn/cuda/indexer_select_internal.cuh"
 #include "attn/cuda/pdl.cuh"
 
 namespace dsv4::cuda::ix {
 namespace {
-
-constexpr int kWarps = kPlanThreads / 32;
-
-// Exclusive prefix sum over the CTA (in thread order); *total gets the sum.
-__device__ int64_t block_exclusive_scan(int64_t v, int64_t* total) {
-  __shared__ int64_t warp_sums[kWarps + 1];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int64_t incl = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int64_t x = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += x;
-  }
-  if (lane == 31) warp_sums[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    const int64_t w = warp_sums[lane];
-    int64_t wi = w;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int64_t x = __shfl_up_sync(0xffffffffu, wi, o);
-      if (lane >= o) wi += x;
-    }
-    warp_sums[lane] = wi - w;  // warps before this one
-    if (lane == 31) warp_sums[kWarps] = wi;
-  }
-  __syncthreads();
-  const int64_t excl = warp_sums[warp] + incl - v;
-  *total = warp_sums[kWarps];
-  __syncthreads();  // warp_sums is reused by the next scan
-  return excl;
-}
 
 __device__ __forceinline__ bool starts_group(const IndexerSelectParams& p, int t, int real) {
   if (t >= real) return false;
@@ -73,7 +42,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) 
   int64_t starts = 0;
   for (int t = t0; t < t1; ++t) starts += starts_group(p, t, real);
   int64_t num_groups = 0;
-  int g = int(block_exclusive_scan(starts, &num_groups));
+  int g = int(block_exclusive_scan<kPlanThreads>(starts, &num_groups));
   int64_t work = 0;  // token-tiles of this thread's groups
   for (int t = t0; t < t1; ++t) {
     if (t >= real) {
@@ -94,7 +63,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) 
     ++g;
   }
   int64_t total_work = 0;
-  block_exclusive_scan(work, &total_work);  // (the sum is what matters)
+  block_exclusive_scan<kPlanThreads>(work, &total_work);  // (the sum is what matters)
   const int64_t target = ws.target_units;
   const int64_t unit_work = max(int64_t(1), (total_work + target - 1) / target);
   auto units_of = [&](const Group& gr) -> int64_t {
@@ -113,8 +82,8 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) 
     lists += s * gr.count;
   }
   int64_t total_units = 0, total_lists = 0;
-  int64_t unit_base = block_exclusive_scan(units, &total_units);
-  int64_t list_base = block_exclusive_scan(lists, &total_lists);
+  int64_t unit_base = block_exclusive_scan<kPlanThreads>(units, &total_units);
+  int64_t list_base = block_exclusive_scan<kPlanThreads>(lists, &total_lists);
   // The bounds hold by construction; refuse to write past the workspace anyway
   // (then nothing is scored and every token gets an empty selection).
   const bool fits = total_units <= ws.max_units && total_lists <= ws.max_lists;

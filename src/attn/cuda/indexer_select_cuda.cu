@@ -92,7 +92,7 @@ IndexerSelectCuda::IndexerSelectCuda(const IndexerSelectCudaLimits& limits) : im
     // indexer_select_internal.cuh), so S = 128 lets a single token at 1M
     // context (4,096 tiles) score on 128 CTAs: 1M step 6.86 -> 6.30 ms
     // against S = 64 (docs/perf-notes.md, run E2).
-    ws.max_group_units = 128;
+    ws.max_group_units = cuda::ix::kMaxGroupUnits;
     ws.max_units = ws.target_units + tokens;
     ws.max_lists = cuda::ix::kGroupTokens * ws.target_units + tokens;
     ws.list_stride = limits.topk;

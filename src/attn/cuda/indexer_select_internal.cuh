@@ -36,6 +36,7 @@ inline constexpr int kPlanThreads = 1024;
 inline constexpr int kScoreThreads = 256;     // two consumer warpgroups
 inline constexpr int kFinalizeThreads = 512;
 inline constexpr int kFinalizeStageKeys = 3072;  // candidates finalize holds in shared memory
+inline constexpr int kMaxGroupUnits = 128;       // Workspace::max_group_units (finalize keeps their counts in shared memory)
 
 struct Group {
   int32_t run, first, count, tiles;  // tokens first .. first + count - 1; key tiles 0 .. tiles - 1

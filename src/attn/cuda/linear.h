@@ -51,6 +51,8 @@ struct WeightMatrix;
 
 namespace dsv4::cuda {
 
+struct QHeadNormRopeParams;  // q_head_norm_rope.h
+
 enum class LinearPath {
   kAuto,    // own kernel up to small_m_max rows, cuBLASLt above
   kSmallM,  // own kernel for every row count (in launches of up to 64 rows)
@@ -136,7 +138,15 @@ class Fp8Linear {
   // y[r, c] (row stride ldy elements) = bf16(sum over 128-blocks kb of
   // (x8 . w8)_kb * sx(r, kb) * sw(c / 128, kb)), r < x.rows, c < out_features().
   // x.rows == 0 is a no-op.
-  void forward(const Fp8Act& x, uint16_t* y, int64_t ldy, LinearWorkspace& ws, CUstream_st* stream);
+  // then_q_head (q's projection, wq_b): when fuses_q_head(x.rows), the same
+  // kernel then runs q_head_norm_rope_cuda(*then_q_head) on y (which must be
+  // its q, rows and heads), and forward() returns true; else it returns
+  // false and the caller runs that op.
+  bool forward(const Fp8Act& x, uint16_t* y, int64_t ldy, LinearWorkspace& ws, CUstream_st* stream,
+               const QHeadNormRopeParams* then_q_head = nullptr);
+  // Whether forward() fuses the q-head op for x.rows rows: the own kernel
+  // takes them all, at most 8, and the output is whole 512-column heads.
+  bool fuses_q_head(int rows) const;
 
   int64_t in_features() const;
   int64_t out_features() const;

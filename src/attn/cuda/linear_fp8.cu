@@ -5,8 +5,10 @@
 
 #include "attn/cuda/linear.h"
 #include "attn/cuda/linear_fp8_product.h"
+#include "attn/cuda/q_head_norm_rope.h"
 #include "common/error.h"
 #include "model/weights.h"
+#include "numerics/rope.h"
 
 namespace dsv4::cuda {
 namespace detail {
@@ -42,7 +44,8 @@ int Fp8Product::cublas_rows(const Fp8Act& x, const uint16_t* y, int64_t ldy, con
 }
 
 void Fp8Product::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const LinearOptions& opt,
-                         const LinearWorkspace& ws, float* repack, CUstream_st* stream, LinearRoute& route) {
+                         const LinearWorkspace& ws, float* repack, CUstream_st* stream, LinearRoute& route,
+                         const GemvQHeadTail* tail) {
   route = LinearRoute{};
   route.rows = x.rows;
   if (x.rows == 0) return;
@@ -71,6 +74,7 @@ void Fp8Product::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const Linear
   a.x_scales = x.scales + lt_rows, a.x_scale_ld = x.scale_ld;
   a.y = y + int64_t(lt_rows) * ldy, a.ldy = ldy;
   a.forced_splits = opt.splits;
+  if (tail) a.q_head = *tail;
   run_gemv(a, x.rows - lt_rows, ws, stream, route);
 }
 
@@ -105,19 +109,39 @@ Fp8Linear::~Fp8Linear() = default;
 Fp8Linear::Fp8Linear(Fp8Linear&&) noexcept = default;
 Fp8Linear& Fp8Linear::operator=(Fp8Linear&&) noexcept = default;
 
-void Fp8Linear::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, LinearWorkspace& ws, CUstream_st* stream) {
+bool Fp8Linear::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, LinearWorkspace& ws, CUstream_st* stream,
+                        const QHeadNormRopeParams* then_q_head) {
   const std::string who = "Fp8Linear";
   check_fp8_act(x, who);
   if (x.rows == 0) {
     impl_->route = LinearRoute{};
-    return;
+    return false;
   }
   DSV4_REQUIRE(x.cols == in_features(), who + ": activation has " + std::to_string(x.cols) + " columns, the weight " +
                                        std::to_string(in_features()));
   DSV4_REQUIRE(y != nullptr && detail::aligned(y, 2), who + ": output is null or misaligned");
   DSV4_REQUIRE(ldy >= out_features(), who + ": output row stride smaller than the output columns");
   ws.check_covers(needs(x.rows), who);
-  impl_->product->forward(x, y, ldy, impl_->options, ws, static_cast<float*>(ws.scratch()), stream, impl_->route);
+  detail::GemvQHeadTail tail;
+  const bool fuse = then_q_head && fuses_q_head(x.rows);
+  if (fuse) {
+    const QHeadNormRopeParams& q = *then_q_head;
+    check_q_head_norm_rope_params(q);
+    DSV4_REQUIRE(q.q == y && q.q_ld == ldy && q.num_tokens == x.rows && int64_t(q.num_heads) * 512 == out_features(),
+                 who + ": the q-head tail must run on this output: its rows, stride and heads");
+    tail.counters = ws.counters() + detail::gemv_counters(out_features());
+    tail.positions = q.positions;
+    tail.eps = q.eps;
+    for (int i = 0; i < kRopeDim / 2; ++i) tail.inv_freq[i] = q.rope->inv_freq()[size_t(i)];
+  }
+  impl_->product->forward(x, y, ldy, impl_->options, ws, static_cast<float*>(ws.scratch()), stream, impl_->route,
+                          fuse ? &tail : nullptr);
+  return fuse;
+}
+
+bool Fp8Linear::fuses_q_head(int rows) const {
+  return rows > 0 && rows <= detail::kGemvQHeadRows && !detail::wants_cublas(impl_->options, rows) &&
+         detail::gemv_head_counters(out_features()) > 0;
 }
 
 int64_t Fp8Linear::in_features() const { return impl_->w.cols; }

@@ -18,9 +18,10 @@ class Fp8Product {
 
   // y (bf16, row stride ldy) for rows [0, x.rows); x checked by the caller.
   // repack: scratch for the activation scales in cuBLASLt's layout
-  // (repack_floats(x.rows) floats, 16-byte aligned).
+  // (repack_floats(x.rows) floats, 16-byte aligned). tail: the own kernel's
+  // q-head tail (the caller checked that every row takes that kernel).
   void forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const LinearOptions& opt, const LinearWorkspace& ws,
-               float* repack, CUstream_st* stream, LinearRoute& route);
+               float* repack, CUstream_st* stream, LinearRoute& route, const GemvQHeadTail* tail = nullptr);
 
   LinearNeeds needs(int max_m, int forced_splits) const;  // scratch_bytes: the repack buffer
   int64_t repack_floats(int m) const { return int64_t(groups_) * (w_->cols / 128) * m; }

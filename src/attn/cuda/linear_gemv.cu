@@ -72,6 +72,7 @@ size_t gemv_partial_floats(int64_t n, int m, int splits) {
 }
 
 int gemv_counters(int64_t n) { return int((n + kGemvCtaRows - 1) / kGemvCtaRows); }
+int gemv_head_counters(int64_t n) { return n % 512 == 0 ? int(n / 512) : 0; }
 
 void gemv_prepare() {
   static std::once_flag once;

@@ -25,11 +25,13 @@
 // fixed order 0..splits-1, writes the outputs and resets the counter.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "attn/cuda/act_quant.cuh"
 #include "attn/cuda/linear_internal.h"
 #include "attn/cuda/pdl.cuh"
+#include "attn/cuda/q_head_norm_rope.cuh"
 #include "attn/cuda/warp.cuh"
 
 namespace dsv4::cuda::detail {
@@ -229,6 +231,28 @@ __device__ __forceinline__ void write_outputs(const GemvArgs& a, const float* ct
   }
 }
 
+// The q-head tail (GemvQHeadTail): the last of a head's four row blocks to
+// arrive (the arrival-counter pattern of reduce_splits) norms and rotates
+// the head of every row, in the shared memory the tile no longer needs.
+static_assert(kGemvQHeadRows == kQHeadRows && kGemvThreads == kQHeadThreads && 512 % kGemvCtaRows == 0);
+__device__ __forceinline__ void q_head_tail(const GemvArgs& a, uint32_t* smem) {
+  constexpr unsigned kBlocksPerHead = 512 / kGemvCtaRows;
+  __shared__ int is_last;
+  const int head = int(blockIdx.x / kBlocksPerHead);
+  __threadfence();  // this block's outputs, before its arrival
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(a.q_head.counters + head, 1u) == kBlocksPerHead - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  uint16_t* y = static_cast<uint16_t*>(a.y) + int64_t(head) * 512;
+  q_head_rows(
+      a.m, [&](int r) { return y + int64_t(r) * a.ldy; },
+      [&](int r) { return int64_t(__ldg(a.q_head.positions + r)); }, a.q_head.inv_freq, a.q_head.eps,
+      *reinterpret_cast<QHeadSmem*>(smem));
+  if (threadIdx.x == 0) a.q_head.counters[head] = 0;  // ready for the next call
+}
+
 // CTAs per SM the kernel is compiled for: 2 (87 registers at MT = 1), or for
 // decode rows on a grid of more than two waves at 2, a dense variant at 3
 // (80 registers) that runs it in one. Measured (docs/perf-notes.md, run D2):
@@ -239,7 +263,7 @@ inline constexpr int kGemvCtasPerSm = MT <= 4 ? 2 : 1;
 inline constexpr int kGemvDenseCtasPerSm = 3;
 
 template <GemvWeight W, int MT, int kCtasPerSm>
-__global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const GemvArgs a) {
+__global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __grid_constant__ GemvArgs a) {
   using Kind = GemvKind<W>;
   constexpr int T = 8 * MT;
   constexpr int kStage = kStageK<W>;
@@ -366,13 +390,16 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const Ge
   __syncthreads();
   if (a.splits > 1 && !reduce_splits(a, ct)) return;
   write_outputs(a, ct);
+  if constexpr (W == GemvWeight::kFp8)
+    if (a.q_head.counters != nullptr) q_head_tail(a, smem);
 }
 
 // Launch of one instantiation (the host code checked the arguments).
 template <GemvWeight W, int MT>
 void gemv_launch_mt(const GemvArgs& a, cudaStream_t stream) {
   const int64_t nrb = (a.n + kGemvCtaRows - 1) / kGemvCtaRows;
-  const size_t smem = gemv_smem_bytes<W>(8 * MT, a.k / a.splits);
+  size_t smem = gemv_smem_bytes<W>(8 * MT, a.k / a.splits);
+  if (a.q_head.counters != nullptr) smem = std::max(smem, sizeof(QHeadSmem));
   const dim3 grid(unsigned(nrb), unsigned(a.splits));
   if constexpr (MT == 1) {
     if (nrb * a.splits > int64_t(kGemvCtasPerSm<MT>) * device_sm_count()) {

@@ -21,6 +21,18 @@ enum class GemvWeight {
 inline constexpr int kGemvCtaRows = 128;  // weight rows per CTA: one 128-row block of scales
 inline constexpr int kGemvMaxRows = 64;   // activation rows per launch (larger M: several launches)
 
+// The fused tail of q's projection (Fp8Linear::forward with a
+// QHeadNormRopeParams): when the four 128-row blocks of a 512-column head
+// have written their outputs, the last of them runs q_head_norm_rope on that
+// head of every row (q_head_norm_rope.cuh). Off while counters is null.
+inline constexpr int kGemvQHeadRows = 8;  // rows of a launch with the tail (one CTA's q-head rows)
+struct GemvQHeadTail {
+  unsigned* counters = nullptr;        // [n / 512] zeroed arrival counters, reset by their last CTA
+  const int32_t* positions = nullptr;  // [m]: row r's position
+  float eps = 0.0f;
+  float inv_freq[32] = {};             // the layer's RoPE frequencies
+};
+
 // One launch of the small-M kernel: y[r, c] = sum_k x[r, g * k + kk] w[c, kk]
 // for r < m, c < n, where g = c / group_rows (one group unless grouped).
 struct GemvArgs {
@@ -44,6 +56,7 @@ struct GemvArgs {
   int forced_splits = 0;             // LinearOptions::splits (0: chosen here)
   float* partials = nullptr;         // splits > 1: gemv_partial_floats(n, m, splits) floats
   unsigned* counters = nullptr;      // splits > 1: gemv_counters(n) zeroed counters
+  GemvQHeadTail q_head{};            // kFp8, bf16 y of whole heads, m <= kGemvQHeadRows
 };
 
 // Tokens per MMA tile column set: 8, 16, 32 or 64 (>= m).
@@ -54,6 +67,8 @@ int64_t gemv_max_cta_k(int tile_rows);
 int gemv_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int sms, int forced = 0);
 size_t gemv_partial_floats(int64_t n, int m, int splits);
 int gemv_counters(int64_t n);
+// Counters of the q-head tail (one per 512 columns), after gemv_counters(n).
+int gemv_head_counters(int64_t n);
 // Allows the kernels' shared memory (once per process; call before any
 // stream capture).
 void gemv_prepare();

@@ -104,6 +104,8 @@ LinearNeeds gemv_needs(GemvWeight kind, int64_t n, int64_t k, int max_m, int for
     nd.partial_bytes = std::max(nd.partial_bytes, gemv_partial_floats(n, m, s) * sizeof(float));
     if (s > 1) nd.counters = std::max(nd.counters, gemv_counters(n));
   }
+  if (kind == GemvWeight::kFp8 && gemv_head_counters(n) > 0)  // Fp8Linear's q-head tail
+    nd.counters = gemv_counters(n) + gemv_head_counters(n);
   return nd;
 }
 

@@ -27,19 +27,34 @@ __global__ void __launch_bounds__(kThreads)
     const int h = k / kTailChunks, c = k % kTailChunks;
     uint4* ptr = reinterpret_cast<uint4*>(row + int64_t(h) * 512 + 8 * c);
     const uint4 x = *ptr;
-    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-    uint32_t out[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {  // pair 4c + j
-      float a = bf16_load(uint16_t(w[j] & 0xffffu)), b = bf16_load(uint16_t(w[j] >> 16));
-      rope_rotate(a, b, cs_s[4 * c + j]);
-      out[j] = uint32_t(bf16_store(a)) | (uint32_t(bf16_store(b)) << 16);
-    }
-    *ptr = make_uint4(out[0], out[1], out[2], out[3]);
+    const float2* cs = cs_s + 4 * c;  // pairs 4c .. 4c + 3
+    *ptr = make_uint4(rope_rotate_bf16x2(x.x, cs[0]), rope_rotate_bf16x2(x.y, cs[1]), rope_rotate_bf16x2(x.z, cs[2]),
+                      rope_rotate_bf16x2(x.w, cs[3]));
   }
 }
 
+// One warp per token: pair i's (cos, -sin) by lane i.
+__global__ void __launch_bounds__(kRopeDim / 2)
+    out_rope_table_kernel(const int32_t* positions, float2* table, const __grid_constant__ RopeFreqs rf) {
+  pdl_start();  // pdl.cuh: launched with pdl_launch
+  const int t = blockIdx.x;
+  table[int64_t(t) * (kRopeDim / 2) + threadIdx.x] =
+      rope_cos_sin(__ldg(positions + t), rf.inv_freq[threadIdx.x], /*inverse=*/true);
+}
+
 }  // namespace
+
+void out_rope_table_cuda(const int32_t* positions, int num_tokens, const Rope& rope, float* table,
+                         CUstream_st* stream) {
+  const std::string what = "out_rope_table (cuda)";
+  DSV4_REQUIRE(num_tokens >= 0, what + ": negative token count");
+  if (num_tokens == 0) return;
+  DSV4_REQUIRE(positions && table && aligned(positions, 4) && aligned(table, 16),
+               what + ": positions (4-byte aligned) and table (16-byte aligned) are required");
+  pdl_launch(out_rope_table_kernel, unsigned(num_tokens), kRopeDim / 2, 0, stream, positions,
+             reinterpret_cast<float2*>(table), rope_freqs(rope));
+  cuda_check(cudaGetLastError(), "out_rope_table (cuda): launch");
+}
 
 void check_out_inverse_rope_params(const OutInverseRopeParams& p) {
   const std::string what = "out_inverse_rope (cuda)";

@@ -29,6 +29,14 @@ struct OutInverseRopeParams {
 
 void out_inverse_rope_cuda(const OutInverseRopeParams& p, CUstream_st* stream);
 
+// The factors of that rotation for a step, once for all layers sharing the
+// RoPE: table[(t * 32 + i) * 2 + {0, 1}] = (cos, -sin) of pair i at
+// positions[t], as out_inverse_rope_cuda computes them. The attention
+// kernels read it when they apply the rotation themselves (OutputRope in
+// sparse_attention_cuda.h). table: device, 16-byte aligned, num_tokens * 64 floats.
+void out_rope_table_cuda(const int32_t* positions, int num_tokens, const Rope& rope, float* table,
+                         CUstream_st* stream);
+
 // The checks out_inverse_rope_cuda runs first; throws Error naming the problem.
 void check_out_inverse_rope_params(const OutInverseRopeParams& p);
 

@@ -176,7 +176,7 @@ void SparseAttentionCuda::plan(const SparseAttentionParams& p, CUstream_st* stre
   cuda_check(cudaGetLastError(), "plan kernel launch");
 }
 
-void SparseAttentionCuda::run(const SparseAttentionParams& p, CUstream_st* stream, int slot) {
+void SparseAttentionCuda::run(const SparseAttentionParams& p, CUstream_st* stream, int slot, const OutputRope& out_rope) {
   DSV4_REQUIRE(slot >= 0 && slot < int(impl_->plans.size()), "sparse attention (cuda): no plan slot " + std::to_string(slot));
   check_sparse_attention_cuda_params(p, impl_->limits);
   const Impl::PlanSlot& s = impl_->plans[slot];
@@ -184,8 +184,10 @@ void SparseAttentionCuda::run(const SparseAttentionParams& p, CUstream_st* strea
   DSV4_REQUIRE(s.tokens == p.num_tokens && s.heads == p.num_heads && s.swa_width == p.swa.width &&
               s.extra_width == p.extra.width,
           "sparse attention (cuda): the plan was built for other tokens, heads or index widths");
+  DSV4_REQUIRE(aligned(out_rope.cos_sin, 16), "sparse attention (cuda): the output rotation's table must be 16-byte aligned");
   if (p.num_tokens == 0) return;
-  const cuda::AttnParams a = impl_->params(p, s);
+  cuda::AttnParams a = impl_->params(p, s);
+  a.rope_cs = reinterpret_cast<const float2*>(out_rope.cos_sin);
   cuda::launch_attention(a, stream);
   cuda_check(cudaGetLastError(), "attention kernel launch");
   cuda::launch_combine(a, stream);

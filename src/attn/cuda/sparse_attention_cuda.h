@@ -30,6 +30,15 @@ struct CUstream_st;  // cudaStream_t without the CUDA headers
 
 namespace dsv4 {
 
+// The layer's output rotation (SPEC §4.7; cuda/out_rope.h's op, the same
+// bits) fused into run(): dims 448..511 of every output head rotated by
+// -position, so that the output path launches no kernel of its own. The
+// factors come from a table made once per step (out_rope_table_cuda), not
+// from a sine per output. The lse is not affected.
+struct OutputRope {
+  const float* cos_sin = nullptr;  // device, [num_tokens][32][2]: (cos, -sin) per pair; null: no rotation
+};
+
 struct SparseAttentionCudaLimits {
   int max_tokens = 0;  // tokens of one call
   int max_heads = 128;
@@ -48,7 +57,7 @@ class SparseAttentionCuda {
   SparseAttentionCuda& operator=(const SparseAttentionCuda&) = delete;
 
   void plan(const SparseAttentionParams& p, CUstream_st* stream, int slot = 0);
-  void run(const SparseAttentionParams& p, CUstream_st* stream, int slot = 0);
+  void run(const SparseAttentionParams& p, CUstream_st* stream, int slot = 0, const OutputRope& out_rope = {});
 
   // Diagnostics (benchmark only): run() then uses the kernel instantiation
   // that times every wait into `clock` (kDebugSlots zeroed entries per CTA,

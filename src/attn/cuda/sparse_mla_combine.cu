@@ -5,7 +5,9 @@
 //   o = sum w_i O_i / (L + 2^(sink log2 e - M)),   lse = M ln 2 + ln L,
 // in one pass over the partials (rescaling the running sums when the maximum
 // grows, as the attention kernel does over tiles) in a fixed order, so the
-// result does not depend on timing (SPEC §4.6).
+// result does not depend on timing (SPEC §4.6). With an output rotation
+// (AttnParams::rope_cs) the rotary dims of o are rotated after the
+// bf16 rounding, as out_rope.cu would do after this kernel.
 //
 // One to eight threads merge one float4 of one head row of one split unit
 // (each thread at most about 8 of its partials, loaded together), so the work
@@ -57,6 +59,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
   const int max_parts = p.plan.split_count[1];
   const int lg = max_parts > 32 ? 3 : max_parts > 16 ? 2 : max_parts > 8 ? 1 : 0;
   constexpr int kRowF4 = 128;  // float4 per 512-dim row
+  constexpr int kRopeF4 = 448 / 4;  // the first float4 of the rotary dims
   // A multiple of 32, as is the grid stride: every lane of a warp runs the
   // same iterations, and a warp's items lie in one head row (the shuffles
   // below need the whole warp).
@@ -69,6 +72,11 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
     const int u = __ldg(p.plan.split_units + k);
     const int t = u / p.plan_head_blocks, hb = (u - t * p.plan_head_blocks) * p.cluster + r;
     if (h >= min(kHeadBlock, p.num_heads - hb * kHeadBlock)) continue;  // padded head (whole warp): no output
+    // The output rotation's factors (pairs 2(f - kRopeF4), +1), loaded
+    // before the partials so that the two loads overlap.
+    float4 cs = make_float4(1.0f, 0.0f, 1.0f, 0.0f);
+    const bool rotate = p.rope_cs != nullptr && f >= kRopeF4 && lane == 0;
+    if (rotate) cs = __ldg(reinterpret_cast<const float4*>(p.rope_cs + int64_t(t) * 32 + 2 * (f - kRopeF4)));
     const int start = __ldg(&p.plan.unit_info[u]).x, end = __ldg(&p.plan.unit_info[u + 1]).x;
     const int c_first = start / per, n_part = (end - 1) / per - c_first + 1;
     const int first_slot = c_first * per >= start ? 0 : 1;  // the first slot's partial is its partial slot 1 when the unit starts inside its range
@@ -96,8 +104,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
     // m = -inf: exp2(+inf) = inf, inv = 0, o = 0.
     const float inv = 1.0f / (st.l + fast_exp2(p.sink[hb * kHeadBlock + h] * kLog2e - st.m));
     const int64_t row = int64_t(t) * p.num_heads + hb * kHeadBlock + h;
-    *reinterpret_cast<uint2*>(p.out + row * 512 + 4 * f) =
-        make_uint2(pack_bf16(st.o.x * inv, st.o.y * inv), pack_bf16(st.o.z * inv, st.o.w * inv));
+    uint2 w = make_uint2(pack_bf16(st.o.x * inv, st.o.y * inv), pack_bf16(st.o.z * inv, st.o.w * inv));
+    if (rotate) w = make_uint2(rope_rotate_bf16x2(w.x, make_float2(cs.x, cs.y)), rope_rotate_bf16x2(w.y, make_float2(cs.z, cs.w)));
+    *reinterpret_cast<uint2*>(p.out + row * 512 + 4 * f) = w;
     if (f == 0 && p.lse != nullptr) p.lse[row] = st.l > 0.0f ? st.m * kLn2 + logf(st.l) : -INFINITY;
   }
 }

@@ -9,6 +9,7 @@
 
 #include "attn/cuda/fp8_dequant.cuh"
 #include "attn/cuda/ptx.cuh"
+#include "attn/cuda/rope.cuh"
 #include "attn/cuda/sparse_mla_internal.cuh"
 
 namespace dsv4::cuda::mla {

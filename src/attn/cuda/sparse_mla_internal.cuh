@@ -68,6 +68,10 @@ struct AttnParams {
   float scale_log2;         // softmax_scale * log2(e)
   uint16_t* out;            // [num_tokens, num_heads, 512] bf16
   float* lse;               // [num_tokens, num_heads] or null
+  // The output path's inverse RoPE, fused into the output writes
+  // (OutputRope): dims 448..511 of every head rotated, pair i of token t by
+  // rope_cs[t * 32 + i] = (cos, -sin). Null: no rotation.
+  const float2* rope_cs;
   PlanView plan;
   float* partial_o;         // [grid][2][64][512] unnormalised fp32 outputs (CTA c: slot c / cluster, head block c % cluster of the unit)
   float2* partial_ml;       // [grid][2][64] {running max (log2 units), sum of exp2}

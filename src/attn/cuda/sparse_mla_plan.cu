@@ -16,8 +16,9 @@
 // penalty of the even split: large decode batches (many units of similar
 // size) then run without any merge, small ones spread a long row over many
 // SMs.
-#include "attn/cuda/sparse_mla_internal.cuh"
+#include "attn/cuda/block_scan.cuh"
 #include "attn/cuda/pdl.cuh"
+#include "attn/cuda/sparse_mla_internal.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -46,10 +47,9 @@ constexpr int kMaxPartials = 64;
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ AttnParams p) {
   pdl_start();  // pdl.cuh: launched with pdl_launch
-  __shared__ int warp_sums[kPlanThreads / 32];
-  __shared__ int s_total, s_makespan, s_splits, s_longest, s_cut, s_parts;
+  __shared__ int s_makespan, s_splits, s_longest, s_cut, s_parts;
   __shared__ int load[kMaxGrid];  // tiles per slot with whole units
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   const int units = p.num_tokens * p.plan_head_blocks, slots = p.grid / p.cluster;
   const int chunk = (units + kPlanThreads - 1) / kPlanThreads;
   const int u_begin = min(units, tid * chunk), u_end = min(units, u_begin + chunk);
@@ -63,33 +63,12 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
     sum += tiles;
     longest = max(longest, tiles);
   }
-  // Block-wide exclusive scan of the per-thread sums.
-  int incl = sum;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += v;
-  }
-  if (lane == 31) warp_sums[warp] = incl;
+  // The units' first tiles: an exclusive scan of the per-thread sums.
+  int total = 0;
+  const int offset = block_exclusive_scan<kPlanThreads>(sum, &total);
+  atomicMax(&s_longest, longest);  // after the scan's barriers, which order thread 0's initialisation; read after the next
+  if (tid == 0) p.plan.unit_info[units] = make_int4(total, 0, 0, 0);
   __syncthreads();
-  atomicMax(&s_longest, longest);  // after the barrier that orders thread 0's initialisation; read after the next
-  if (warp == 0) {
-    int v = warp_sums[lane];
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int o = __shfl_up_sync(0xffffffffu, v, d);
-      if (lane >= d) v += o;
-    }
-    warp_sums[lane] = v;  // inclusive
-  }
-  __syncthreads();
-  const int offset = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - sum;
-  if (tid == kPlanThreads - 1) {
-    s_total = offset + sum;
-    p.plan.unit_info[units] = make_int4(offset + sum, 0, 0, 0);
-  }
-  __syncthreads();
-  const int total = s_total;
   const int per = max(max(1, (total + slots - 1) / slots), (s_longest + kMaxPartials - 1) / kMaxPartials);
   // The slot of a unit when units stay whole: the window its first tile is in.
   auto whole_cta = [&](int start) { return int(int64_t(start) * slots / total); };

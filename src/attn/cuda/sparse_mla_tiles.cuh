@@ -282,7 +282,8 @@ __device__ __forceinline__ UnitEnd unit_end(const AttnParams& p, const UnitWalke
   return u;
 }
 
-// Writes warpgroup wg's 256 dims of a finished unit: bf16 output staged
+// Writes warpgroup wg's 256 dims of a finished unit (rotated where the
+// params ask for the output rotation): bf16 output staged
 // through its own planes of K buffer kb (rows of 512 bytes, 16-byte chunk c
 // of row r at c ^ (r % 8); its P V is done and the other warpgroup reads
 // other planes), or an fp32 partial for the combine. m, l: this thread's
@@ -306,13 +307,29 @@ __device__ __forceinline__ void finish_half(const AttnParams& p, uint8_t* smem, 
       if (wg == 0 && c4 == 0 && p.lse != nullptr)
         p.lse[int64_t(u.tok) * p.num_heads + u.hb * kHeadBlock + r] = l[ri] > 0.0f ? m[ri] * kLn2 + logf(l[ri]) : -INFINITY;
     }
+    // The output rotation (AttnParams::rope_cs). This thread copies
+    // chunk column t % 32 of every row it copies (the stride, 128, is a
+    // multiple of 32); chunks 24..31 of warpgroup 1 are dims 448..511, pairs
+    // 4 (c - 24) + 0..3.
+    const int cc = t & 31;
+    const bool rotate = p.rope_cs != nullptr && wg == 1 && cc >= 24;
+    float2 cs[4];
+    if (rotate) {
+      const float4* f = reinterpret_cast<const float4*>(p.rope_cs + int64_t(u.tok) * 32 + 4 * (cc - 24));
+      const float4 c0 = __ldg(f), c1 = __ldg(f + 1);
+      cs[0] = make_float2(c0.x, c0.y), cs[1] = make_float2(c0.z, c0.w);
+      cs[2] = make_float2(c1.x, c1.y), cs[3] = make_float2(c1.z, c1.w);
+    }
     bar_sync(bar, 128);
     uint16_t* out = p.out + (int64_t(u.tok) * p.num_heads + u.hb * kHeadBlock) * 512 + 256 * wg;
 #pragma unroll 4
     for (int i = t; i < u.heff * 32; i += 128) {
       const int row = i >> 5, c = i & 31;
-      *reinterpret_cast<uint4*>(out + row * 512 + c * 8) =
-          *reinterpret_cast<const uint4*>(stage + row * 512 + ((c ^ (row & 7)) << 4));
+      uint4 v = *reinterpret_cast<const uint4*>(stage + row * 512 + ((c ^ (row & 7)) << 4));
+      if (rotate)
+        v = make_uint4(rope_rotate_bf16x2(v.x, cs[0]), rope_rotate_bf16x2(v.y, cs[1]), rope_rotate_bf16x2(v.z, cs[2]),
+                       rope_rotate_bf16x2(v.w, cs[3]));
+      *reinterpret_cast<uint4*>(out + row * 512 + c * 8) = v;
     }
   } else {
     const int part = blockIdx.x * 2 + u.pslot;

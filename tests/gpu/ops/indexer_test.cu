@@ -325,7 +325,8 @@ World make_world(IndexKeyFormat f, int topk, const std::vector<RunSpec>& runs, c
       }
       if (opt.duplicate_every > 0 || opt.one_key) {  // copy records within the page: equal keys, equal scores
         const int cb = indexer_code_bytes(f);
-        const uint8_t* from = opt.one_key ? w.pool.data() + size_t(w.used[w.used.size() - size_t(b) - 1]) * w.stride : base;
+        const int64_t run_first_page = w.pages[r * size_t(w.width)];  // one_key: every record copies its run's first
+        const uint8_t* from = opt.one_key ? w.pool.data() + size_t(run_first_page) * w.stride : base;
         for (int t = 0; t < kIndexerKeysPerPage; ++t) {
           const int src = opt.one_key ? 0 : t - t % opt.duplicate_every;
           std::memcpy(base + size_t(cb) * t, from + size_t(cb) * src, size_t(cb));

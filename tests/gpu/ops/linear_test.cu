@@ -45,11 +45,13 @@
 #include "attn/cpu/linear.h"
 #include "attn/cpu/sgemm.h"
 #include "attn/cuda/linear.h"
+#include "attn/cuda/q_head_norm_rope.h"
 #include "common/error.h"
 #include "model/weights.h"
 #include "numerics/bf16.h"
 #include "numerics/e4m3.h"
 #include "numerics/quant.h"
+#include "numerics/rope.h"
 #include "support/error_of.h"
 
 namespace dsv4::test {
@@ -587,6 +589,66 @@ void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, 
                      sum_bounds(e, row_bounds(own_route, m, kECublasBf16)));
     }
   }
+}
+
+// ---- the q-head tail (wq_b's decode path) ----------------------------------------------
+
+// Fp8Linear with a q-head tail must give, bit for bit, the linear followed
+// by q_head_norm_rope_cuda: at 1..8 rows, with the automatic and a forced
+// split of k (then the heads' last CTAs are split-K reducers), twice in a row
+// (the arrival counters reset). At 9 rows forward() declines and the caller
+// runs the op. Without the tail the result is the plain linear, which the
+// norm changes everywhere, so a tail that did not run cannot pass.
+void check_q_head_tail(int heads, int64_t k, int splits, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::vector<WeightMatrix> parts = {random_fp8("wq_b", int64_t(heads) * 512, k, rng)};
+  Fp8Linear gpu(pointers(parts), LinearOptions{LinearPath::kAuto, 32, splits});
+  const int64_t n = gpu.out_features();
+  LinearWorkspace ws({gpu.needs(9)});
+  const Rope rope(RopeParams{10000, false, YarnParams{}});
+  for (int m : {1, 3, 8, 9}) {
+    const std::string at = "heads " + std::to_string(heads) + " k " + std::to_string(k) + " m " + std::to_string(m);
+    const std::vector<float> x = random_activation(m, k, rng);
+    DeviceArray<uint16_t> xd(to_bf16(x));
+    DeviceAct act(m, k, m, 0);
+    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
+    std::vector<int32_t> pos(static_cast<size_t>(m));
+    for (int32_t& p : pos) p = int32_t(rng() % 1048576);
+    pos[0] = 1048575;
+    DeviceArray<int32_t> dpos(pos);
+    DeviceArray<uint16_t> want(std::vector<uint16_t>(size_t(m) * size_t(n), kPoison16));
+    DeviceArray<uint16_t> got(std::vector<uint16_t>(size_t(m) * size_t(n), kPoison16));
+    const cuda::QHeadNormRopeParams qw{m, heads, want.get(), n, 1e-6f, dpos.get(), &rope};
+    EXPECT_FALSE(gpu.forward(Fp8Act(act.out()), want.get(), n, ws, nullptr)) << at;
+    sync();
+    const std::vector<uint16_t> plain = want.download();
+    cuda::q_head_norm_rope_cuda(qw, nullptr);
+    sync();
+    const std::vector<uint16_t> ref = want.download();
+    size_t normed = 0;
+    for (size_t i = 0; i < ref.size(); ++i) normed += ref[i] != plain[i];
+    EXPECT_GT(normed, ref.size() / 2) << at << ": the norm changed too little to test anything";
+    cuda::QHeadNormRopeParams qg = qw;
+    qg.q = got.get();
+    for (int rep = 0; rep < 2; ++rep) {
+      const bool fused = gpu.forward(Fp8Act(act.out()), got.get(), n, ws, nullptr, &qg);
+      EXPECT_EQ(fused, m <= 8) << at;
+      if (!fused) cuda::q_head_norm_rope_cuda(qg, nullptr);
+      sync();
+      const std::vector<uint16_t> g = got.download();
+      size_t first = g.size();
+      for (size_t i = 0; i < g.size() && first == g.size(); ++i)
+        if (g[i] != ref[i]) first = i;
+      EXPECT_EQ(first, g.size()) << at << " rep " << rep << ": first difference at row " << first / size_t(n)
+                                 << ", head " << first % size_t(n) / 512 << ", dim " << first % 512;
+    }
+  }
+}
+
+TEST_F(LinearCudaTest, QHeadTailMatchesTheSeparateOp) {
+  check_q_head_tail(4, 256, 0, 81);
+  check_q_head_tail(4, 1024, 2, 82);   // split-K
+  check_q_head_tail(64, 1024, 0, 83);  // Flash's wq_b
 }
 
 TEST_F(LinearCudaTest, W8A16SmallShapesAllVariants) {

@@ -1,0 +1,55 @@
+#pragma once
+// RoPE on the device in the CPU's exact operation order (numerics/rope.cpp):
+// the layer's frequencies passed by value, cos/sin of a pair at a position,
+// and the rotation of a pair. Shared by the fused elementwise ops
+// (fused_common.cuh) and the attention kernels' fused output rotation.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "numerics/bf16.h"
+#include "numerics/rope.h"
+
+namespace dsv4::cuda {
+
+// The layer's 32 RoPE frequencies, passed to kernels by value.
+struct RopeFreqs {
+  float inv_freq[kRopeDim / 2];
+};
+
+inline RopeFreqs rope_freqs(const Rope& rope) {
+  RopeFreqs f{};
+  for (int i = 0; i < kRopeDim / 2; ++i) f.inv_freq[i] = rope.inv_freq()[size_t(i)];
+  return f;
+}
+
+// cos and sin of pair i at position pos, as Rope::apply computes them: the
+// angle a float product, cos and sin in double, each rounded to float.
+// inverse: the sine negated (rotation by -angle).
+__device__ __forceinline__ float2 rope_cos_sin(int64_t pos, float inv_freq, bool inverse = false) {
+  const float angle = __fmul_rn(__ll2float_rn(pos), inv_freq);
+  double s = 0, c = 0;
+  sincos(double(angle), &s, &c);
+  const float sf = __double2float_rn(s);
+  return make_float2(__double2float_rn(c), inverse ? -sf : sf);
+}
+
+// Pair (a, b) rotated by cs = (cos, sin): a*c - b*s, a*s + b*c, every product rounded.
+__device__ __forceinline__ void rope_rotate(float& a, float& b, float2 cs) {
+  const float x0 = __fsub_rn(__fmul_rn(a, cs.x), __fmul_rn(b, cs.y));
+  const float x1 = __fadd_rn(__fmul_rn(a, cs.y), __fmul_rn(b, cs.x));
+  a = x0;
+  b = x1;
+}
+
+// A word of two bf16 (the lower one first: pair element 0) rotated by cs and
+// rounded back to bf16: the output path's inverse RoPE on one pair, the same
+// bits whether out_rope.cu or an attention kernel's output writes apply it.
+__device__ __forceinline__ uint32_t rope_rotate_bf16x2(uint32_t w, float2 cs) {
+  float a = __uint_as_float(w << 16), b = __uint_as_float(w & 0xffff0000u);
+  rope_rotate(a, b, cs);
+  return uint32_t(bf16_bits(a)) | (uint32_t(bf16_bits(b)) << 16);
+}
+
+}  // namespace dsv4::cuda
