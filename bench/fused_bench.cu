@@ -288,7 +288,10 @@ Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::Entr
     p.out = dsv4::KvPagesMut{in.mem.bytes(size_t(out_pages) * o_stride), out_pages, Bo, o_stride};
     p.record = record;
     p.hadamard = cdim == 128;
-    in.run = [p](cudaStream_t s) { dsv4::cuda::compressor_cuda(p, s); };
+    // Decode steps launch as the engine launches them: one kernel.
+    const auto mode =
+        decode_step(T) ? dsv4::cuda::CompressorLaunch::kOneTokenPerRun : dsv4::cuda::CompressorLaunch::kAny;
+    in.run = [p, mode](cudaStream_t s) { dsv4::cuda::compressor_cuda(p, s, mode); };
   };
   return c;
 }

@@ -1,4 +1,4 @@
-// The compressor's two kernels (compressor_cuda.h).
+// The compressor's kernels (compressor_cuda.h).
 //  rows:    one CTA per token; float4 copies of a and of g + ape.
 //  entries: one CTA of c threads per token (tokens without an entry leave at
 //           once). Thread e pools channel e over the slot's rows (row
@@ -8,6 +8,12 @@
 //           Hadamard for the indexer keys (one warp: butterflies of stride
 //           1 and 2 inside a thread, 4..64 across lanes), and the record
 //           (kv_record.cuh).
+//  rows + entries (one token per run): the entries kernel writes the token's
+//           own row first and pools it from shared memory; every other row
+//           of its window is from an earlier step.
+// Each kernel looks its rows, slots and pages up in the step metadata before
+// it waits for the kernel before it (compressor_cuda.h says why it may); at
+// decode these dependent loads were most of a 1-CTA kernel's time.
 #include "attn/cuda/compressor_cuda.h"
 
 #include <cmath>
@@ -37,50 +43,84 @@ __device__ __forceinline__ float* state_row(const CompressorParams& p, int64_t s
   return reinterpret_cast<float*>(p.state.page(slot / B) + sizeof(float) * size_t(p.row_floats()) * size_t(slot % B));
 }
 
-__global__ void __launch_bounds__(kRowThreads) state_rows_kernel(const CompressorParams p) {
-  pdl_start();  // pdl.cuh: launched with pdl_launch
-  const int t = blockIdx.x;
-  float* row = state_row(p, __ldg(p.row_slot + t));
-  if (!row) return;
+// Token t's row, [a | g + ape[pos % m]], written to `row` and, when `keep`
+// is not null, to keep as well; nthreads threads from thread 0.
+__device__ __forceinline__ void write_row(const CompressorParams& p, int t, const float* ape, float* row, float* keep,
+                                          int nthreads) {
   const int kc = p.kc();
   const float* x = p.proj + int64_t(t) * p.proj_ld;
-  const float* ape = p.ape + (__ldg(p.positions + t) % p.ratio) * kc;
-  for (int k = threadIdx.x; k < kc / 4; k += kRowThreads) {
+  for (int k = threadIdx.x; k < kc / 4; k += nthreads) {
     const float4 a = *reinterpret_cast<const float4*>(x + p.a_col + 4 * k);
     const float4 g = *reinterpret_cast<const float4*>(x + p.g_col + 4 * k);
     const float4 e = __ldg(reinterpret_cast<const float4*>(ape) + k);
+    const float4 ge = make_float4(__fadd_rn(g.x, e.x), __fadd_rn(g.y, e.y), __fadd_rn(g.z, e.z), __fadd_rn(g.w, e.w));
     reinterpret_cast<float4*>(row)[k] = a;
-    reinterpret_cast<float4*>(row + kc)[k] =
-        make_float4(__fadd_rn(g.x, e.x), __fadd_rn(g.y, e.y), __fadd_rn(g.z, e.z), __fadd_rn(g.w, e.w));
+    reinterpret_cast<float4*>(row + kc)[k] = ge;
+    if (keep) {
+      reinterpret_cast<float4*>(keep)[k] = a;
+      reinterpret_cast<float4*>(keep + kc)[k] = ge;
+    }
   }
 }
 
-// kDim = c threads; kBatch rows loaded at a time per thread (m = 128 pools
-// 128 rows: 4 batches of 32 rather than 128 dependent loads).
+__device__ __forceinline__ const float* ape_row(const CompressorParams& p, int t) {
+  return p.ape + (__ldg(p.positions + t) % p.ratio) * p.kc();
+}
+
+__global__ void __launch_bounds__(kRowThreads) state_rows_kernel(const CompressorParams p) {
+  const int t = blockIdx.x;
+  float* row = state_row(p, __ldg(p.row_slot + t));  // metadata: before the wait
+  const float* ape = ape_row(p, t);
+  pdl_start();  // pdl.cuh: launched with pdl_launch (every CTA waits, even one with nothing to do)
+  if (row) write_row(p, t, ape, row, nullptr, kRowThreads);
+}
+
+// The entry token t completes: its record, its pooled rows (rows_s[i],
+// position first + i; the row at `own`, if any, replaced by own_s) and the
+// RoPE factors of the calling thread.
+struct EntryPlan {
+  uint8_t* page = nullptr;  // nullptr: the token completes no entry
+  int te = 0, n = 0;
+  int64_t j = 0, first = 0;
+  float2 cs[2] = {};  // this thread's RoPE factors at j*m (a finishing thread with rotary dims)
+};
+__device__ __forceinline__ EntryPlan plan_entry(const CompressorParams& p, const float* inv_freq, int t,
+                                                const float** rows_s, const float* own, const float* own_s) {
+  EntryPlan e;
+  e.page = record_page(p.out, __ldg(p.entry_slot + t), e.te);
+  const int m = p.ratio;
+  e.j = pool::slot_of_position(__ldg(p.positions + t), m);
+  if (!e.page || e.j < 0) {
+    e.page = nullptr;
+    return e;
+  }
+  e.first = pool::pool_first(e.j, m);
+  e.n = pool::pool_count(e.j, m);
+  const int run = __ldg(p.token_run + t);
+  for (int i = threadIdx.x; i < e.n; i += blockDim.x) {
+    const float* r = state_row(p, block_table_slot(p.state_table, run, e.first + i));
+    rows_s[i] = r != nullptr && r == own ? own_s : r;
+  }
+  const int i = int(threadIdx.x), rope0 = int(blockDim.x) / 4 - kRopeDim / 4;  // see pool_and_finish
+  if (i >= rope0 && i < int(blockDim.x) / 4) {
+    const int q0 = 2 * (i - rope0);
+    e.cs[0] = rope_cos_sin(e.j * m, inv_freq[q0]);
+    e.cs[1] = rope_cos_sin(e.j * m, inv_freq[q0 + 1]);
+  }
+  return e;
+}
+
+// Pools and finishes entry e (rows_s ready, CTA of kDim threads).
 template <int kDim, int kBatch>
-__global__ void __launch_bounds__(kDim)
-    entries_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args) {
-  pdl_start();  // pdl.cuh: launched with pdl_launch
+__device__ __forceinline__ void pool_and_finish(const CompressorParams& p, const EntryArgs& args, const EntryPlan& e,
+                                                const float* const* rows_s) {
   constexpr int kFinish = kDim / 4;  // threads of the finishing phase (whole warps)
-  __shared__ const float* rows_s[kMaxPooledRows];
   __shared__ __align__(16) float v_s[kDim];
   __shared__ double red[kFinish / 32];
-  const int t = blockIdx.x;
-  int te = 0;
-  uint8_t* page = record_page(p.out, __ldg(p.entry_slot + t), te);
-  if (!page) return;  // the same for the whole CTA
   const int m = p.ratio;
-  const int64_t j = pool::slot_of_position(__ldg(p.positions + t), m);
-  if (j < 0) return;
-  const int64_t first = pool::pool_first(j, m);
-  const int n = pool::pool_count(j, m), run = __ldg(p.token_run + t);
-  for (int i = threadIdx.x; i < n; i += kDim) rows_s[i] = state_row(p, block_table_slot(p.state_table, run, first + i));
-  __syncthreads();
-
-  const float* const* rows_ptr = rows_s;
-  auto rows = [rows_ptr](int i) { return rows_ptr[i]; };
+  auto rows = [rows_s](int i) { return rows_s[i]; };
   v_s[threadIdx.x] =
-      pool::pool_channel<kBatch>(rows, n, int(j * m - first), m == 4 ? kDim : 0, p.kc(), int(threadIdx.x));
+      pool::pool_channel<kBatch>(rows, e.n, int(e.j * m - e.first), m == 4 ? kDim : 0, p.kc(), int(threadIdx.x));
   __syncthreads();
 
   const int i = int(threadIdx.x);  // finishing: channels 4i .. 4i+3
@@ -97,15 +137,14 @@ __global__ void __launch_bounds__(kDim)
   for (int k = 0; k < 4; ++k) y[k] = bf16_round(__fmul_rn(__fmul_rn(y[k], inv), __ldg(p.norm + 4 * i + k)));
   constexpr int kRopeThread0 = kFinish - kRopeDim / 4;  // holds the first rotary dims
   if (i >= kRopeThread0) {
-    const int q0 = 2 * (i - kRopeThread0);
-    rope_rotate(y[0], y[1], rope_cos_sin(j * m, args.rope.inv_freq[q0]));
-    rope_rotate(y[2], y[3], rope_cos_sin(j * m, args.rope.inv_freq[q0 + 1]));
+    rope_rotate(y[0], y[1], e.cs[0]);
+    rope_rotate(y[2], y[3], e.cs[1]);
 #pragma unroll
     for (int k = 0; k < 4; ++k) y[k] = bf16_round(y[k]);
   }
   const int B = p.out.entries_per_page;
   if constexpr (kDim == kKvDim) {
-    store_fp8_ds_mla(page, B, te, i, y);
+    store_fp8_ds_mla(e.page, B, e.te, i, y);
   } else {
     if (p.hadamard) {
       hadamard128(y, args.hadamard_scale);
@@ -113,10 +152,65 @@ __global__ void __launch_bounds__(kDim)
       for (int k = 0; k < 4; ++k) y[k] = bf16_round(y[k]);
     }
     if (p.record == EntryFormat::kIndexFp8)
-      store_index_key_fp8(page, B, te, i, y);
+      store_index_key_fp8(e.page, B, e.te, i, y);
     else
-      store_index_key_mxfp4(page, B, te, i, y);
+      store_index_key_mxfp4(e.page, B, e.te, i, y);
   }
+}
+
+// kDim = c threads; kBatch rows loaded at a time per thread (m = 128 pools
+// 128 rows: 4 batches of 32 rather than 128 dependent loads).
+template <int kDim, int kBatch>
+__global__ void __launch_bounds__(kDim)
+    entries_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args) {
+  __shared__ const float* rows_s[kMaxPooledRows];
+  // The metadata, before the wait.
+  const EntryPlan e = plan_entry(p, args.rope.inv_freq, int(blockIdx.x), rows_s, nullptr, nullptr);
+  pdl_start();  // pdl.cuh: launched with pdl_launch
+  if (!e.page) return;  // the same for the whole CTA
+  __syncthreads();
+  pool_and_finish<kDim, kBatch>(p, args, e, rows_s);
+}
+
+// Rows and entries in one kernel, for steps with one token per run: the
+// token's own row is the only row of its window written in this step.
+template <int kDim, int kBatch>
+__global__ void __launch_bounds__(kDim)
+    rows_entries_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args) {
+  __shared__ const float* rows_s[kMaxPooledRows];
+  __shared__ __align__(16) float own_s[2 * 2 * kDim];  // the own row: 2 kc floats, kc <= 2 c
+  const int t = blockIdx.x;
+  float* own = state_row(p, __ldg(p.row_slot + t));  // metadata: before the wait
+  const float* ape = ape_row(p, t);
+  const EntryPlan e = plan_entry(p, args.rope.inv_freq, t, rows_s, own, own_s);
+  pdl_start();  // pdl.cuh: launched with pdl_launch
+  if (own) write_row(p, t, ape, own, e.page ? own_s : nullptr, kDim);
+  if (!e.page) return;
+  __syncthreads();  // rows_s and own_s
+  pool_and_finish<kDim, kBatch>(p, args, e, rows_s);
+}
+
+// The entries kernel for (c, m): kFused picks rows_entries_kernel.
+template <bool kFused, int kDim, int kBatch>
+void launch_entries(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
+  const unsigned T = unsigned(p.num_tokens);
+  if constexpr (kFused)
+    pdl_launch(rows_entries_kernel<kDim, kBatch>, T, kDim, 0, stream, p, args);
+  else
+    pdl_launch(entries_kernel<kDim, kBatch>, T, kDim, 0, stream, p, args);
+}
+
+template <bool kFused>
+void launch_entries_for(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
+  const bool wide = p.ratio == 128;  // 128 pooled rows
+  if (p.dim == kKvDim && wide)
+    launch_entries<kFused, kKvDim, 32>(p, args, stream);
+  else if (p.dim == kKvDim)
+    launch_entries<kFused, kKvDim, 8>(p, args, stream);
+  else if (wide)
+    launch_entries<kFused, kIndexDim, 32>(p, args, stream);
+  else
+    launch_entries<kFused, kIndexDim, 8>(p, args, stream);
 }
 
 }  // namespace
@@ -136,22 +230,18 @@ void check_compressor_cuda_params(const CompressorParams& p) {
   check_pages_out(p.out, entry_page_stride(p.record, p.out.entries_per_page, p.dim), what + " out");
 }
 
-void compressor_cuda(const CompressorParams& p, CUstream_st* stream) {
+void compressor_cuda(const CompressorParams& p, CUstream_st* stream, CompressorLaunch mode) {
   check_compressor_cuda_params(p);
   if (p.num_tokens == 0) return;
-  const unsigned T = unsigned(p.num_tokens);
-  pdl_launch(state_rows_kernel, T, kRowThreads, 0, stream, p);
-  cuda_check(cudaGetLastError(), "compressor (cuda): state rows launch");
   const EntryArgs args{rope_freqs(*p.rope), float(1.0 / std::sqrt(double(p.dim)))};
-  const bool wide = p.ratio == 128;  // 128 pooled rows
-  if (p.dim == kKvDim && wide)
-    pdl_launch(entries_kernel<kKvDim, 32>, T, kKvDim, 0, stream, p, args);
-  else if (p.dim == kKvDim)
-    pdl_launch(entries_kernel<kKvDim, 8>, T, kKvDim, 0, stream, p, args);
-  else if (wide)
-    pdl_launch(entries_kernel<kIndexDim, 32>, T, kIndexDim, 0, stream, p, args);
-  else
-    pdl_launch(entries_kernel<kIndexDim, 8>, T, kIndexDim, 0, stream, p, args);
+  if (mode == CompressorLaunch::kOneTokenPerRun) {
+    launch_entries_for<true>(p, args, stream);
+    cuda_check(cudaGetLastError(), "compressor (cuda): rows + entries launch");
+    return;
+  }
+  pdl_launch(state_rows_kernel, unsigned(p.num_tokens), kRowThreads, 0, stream, p);
+  cuda_check(cudaGetLastError(), "compressor (cuda): state rows launch");
+  launch_entries_for<false>(p, args, stream);
   cuda_check(cudaGetLastError(), "compressor (cuda): entries launch");
 }
 

@@ -7,19 +7,33 @@
 //      state rows (attn/compressor_math.h, the CPU's code), finishes it (bf16,
 //      RMSNorm, bf16, RoPE at j*m, bf16, optional Hadamard + bf16) and writes
 //      the fp8_ds_mla or indexer-key record.
+// With kOneTokenPerRun (a decode step) one kernel does both: a token's window
+// then holds no row of another token of the step, so its CTA writes its own
+// row and pools it at once. The result is the same bits; the caller vouches
+// for the condition (else a window could read a row another CTA is writing).
 // compress_cpu (attn/cpu/compress_cpu.h) is the CPU twin: same params, same
 // bits (see fused_common.cuh for the two rare exceptions). Production
 // numerics only (bf16_rounding), no kF32 records.
 //
 // Launch only (CUDA-graph capturable); bad parameters throw Error before
-// anything launches.
+// anything launches. The kernels are launched with PDL (pdl.cuh) and read
+// the step metadata (positions, token_run, the slots, state_table) before
+// they wait for the kernel before them: it must not be written by a kernel
+// launched with PDL on the same stream (DeviceStep's are plain launches, and
+// copies are never programmatic), only the projections and the caches by
+// such a kernel.
 #include "attn/compressor_params.h"
 
 struct CUstream_st;  // cudaStream_t without the CUDA headers
 
 namespace dsv4::cuda {
 
-void compressor_cuda(const CompressorParams& p, CUstream_st* stream);
+enum class CompressorLaunch {
+  kAny,             // any step: rows, then entries
+  kOneTokenPerRun,  // every run has at most one token in the step: one kernel
+};
+
+void compressor_cuda(const CompressorParams& p, CUstream_st* stream, CompressorLaunch mode = CompressorLaunch::kAny);
 
 // The checks compressor_cuda runs first (check_compressor_params plus the
 // GPU's own); throws Error naming the problem.

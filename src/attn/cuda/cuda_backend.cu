@@ -141,6 +141,7 @@ class CudaBackend final : public AttentionBackend {
     graph_key_ = decode && cuda_.graphs ? launched_ : 0;
     step_->stage(s);
     memory_->bind(bufs_, launched_);
+    bufs_.one_token_per_run = decode;
     bind_lanes();
     prologue_done_ = false;
     pending_y_ = false;

@@ -51,6 +51,7 @@ struct StepBuffers {
   LinearWorkspace& linear(Lane l) const { return *lane_linear[int(l)]; }
   int tokens = 0;                        // rows launched (a padded decode step: the graph's batch size)
   const int32_t* real_tokens = nullptr;  // device: rows at and past it are padding
+  bool one_token_per_run = false;        // a decode step: no run has two tokens in it
   StepView step{};                       // device arrays, capacity layout
   DeviceCache* cache = nullptr;
   SparseAttentionCuda* attention = nullptr;

@@ -246,6 +246,8 @@ void CudaLayer::compress(StepBuffers& b) {
   p.bf16_rounding = true;
   p.hadamard = false;
   CompressorParams main = p;
+  // A decode step: each compressor in one kernel (its own row, then its entry).
+  const CompressorLaunch mode = b.one_token_per_run ? CompressorLaunch::kOneTokenPerRun : CompressorLaunch::kAny;
   if (c4a) {  // the index keys first: the scorer waits for them
     p.dim = kIndexDim;
     p.a_col = col.idx_a;
@@ -256,10 +258,10 @@ void CudaLayer::compress(StepBuffers& b) {
     p.out = b.cache->pages(layer_, CacheKind::kIndexKeys);
     p.record = keys_ == IndexKeyFormat::kFp8 ? EntryFormat::kIndexFp8 : EntryFormat::kIndexMxfp4;
     p.hadamard = true;
-    compressor_cuda(p, stream);
+    compressor_cuda(p, stream, mode);
     lane_mark(b, Lane::kCompress, LanePoint::kIndexKeys);
   }
-  compressor_cuda(main, stream);
+  compressor_cuda(main, stream, mode);
   lane_mark(b, Lane::kCompress, LanePoint::kCompressed);
 }
 

@@ -1,9 +1,11 @@
 // The indexer's last step (indexer_select_internal.cuh): per token, the best
-// k of its units' lists (radix select, 8-bit digits), sorted best first
-// (bitonic), mapped to global slots. The candidates at or above the lists'
-// bound (1 when the group has none) are first gathered into shared memory
-// as the lists are read, once; when more than kFinalizeStageKeys remain,
-// the lists are read from global memory again on every pass.
+// k of its units' lists, sorted best first, mapped to global slots: a sort of
+// all candidates when they are few (up to kSortKeys), else a radix select
+// (8-bit digits) of the k-th best and a sort of the keys at or above it.
+// The candidates at or above the lists' bound (1 when the group has none)
+// are first gathered into shared memory as the lists are read, once; when
+// more than kFinalizeStageKeys remain, the radix passes read the lists from
+// global memory again.
 // Tokens without keys (padding, nothing visible) get -1 rows and length 0
 // and read nothing but the plan.
 #include <cuda_runtime.h>
@@ -21,12 +23,11 @@ constexpr int kStageKeys = kFinalizeStageKeys;
 // warps take one list each, and a lane loads kBatch keys before using any.
 constexpr int kWarps = kFinalizeThreads / 32;
 constexpr int kBatch = 8;
+// Candidates the sort takes at once (two per thread); the best k fit.
+constexpr int kSortKeys = 2 * kFinalizeThreads;
+static_assert(kIndexerMaxTopk <= kSortKeys && kSortKeys <= kStageKeys, "the sort's buffers");
 
 __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const SelectArgs a) {
-  pdl_start();  // pdl.cuh: launched with pdl_launch
-  // The score kernel has finished taking units: rewind its counter, so that
-  // the next score on this plan (run_planned, the next layer) starts at 0.
-  if (blockIdx.x == 0 && threadIdx.x == 0) a.ws.counters->next_unit = 0;
   __shared__ uint32_t hist[1 << kBits];
   __shared__ uint32_t sel[2];
   __shared__ uint64_t sorted[kIndexerMaxTopk];
@@ -37,10 +38,15 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   const IndexerSelectParams& p = a.p;
   const Workspace& ws = a.ws;
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, k = p.topk;
+  // The plan, before the wait (the plan kernel lets nothing start before it ends).
   const int real = p.real_tokens ? min(max(*p.real_tokens, 0), p.num_tokens) : p.num_tokens;
   const TokenRef ref = t < real ? ws.tokens[t] : TokenRef{-1, 0};
   Group gr{};
   if (ref.group >= 0) gr = ws.groups[ref.group];
+  pdl_start();  // pdl.cuh: launched with pdl_launch
+  // The score kernel has finished taking units: rewind its counter, so that
+  // the next score on this plan (run_planned, the next layer) starts again.
+  if (blockIdx.x == 0 && threadIdx.x == 0) a.ws.counters->next_unit = 0;
   const int lists = ref.group >= 0 ? gr.units : 0;
   const bool bounded = ref.group >= 0 && has_list_bounds(gr);
   auto list_of = [&](int s) { return int64_t(gr.list_base) + int64_t(s) * gr.count + ref.tl; };
@@ -91,23 +97,27 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
     }
   };
 
-  // At most k candidates (>= lo): keep them all.
-  const uint64_t kth = n > k ? radix_kth<kBits>(each_key, uint32_t(k), hist, sel, tid, kFinalizeThreads,
-                                                [] { __syncthreads(); })
-                             : lo;
-  each_key([&](uint64_t key) { warp_append(key != 0 && key >= kth, key, sorted, &kept_count, lane); });
-  __syncthreads();
-  const int kept = kept_count;  // min(n, k): keys are unique
-  int padded = 1;
-  while (padded < kept) padded <<= 1;
-  for (int i = kept + tid; i < padded; i += kFinalizeThreads) sorted[i] = 0;
-  __syncthreads();
-  bitonic_sort_desc(sorted, padded, tid, kFinalizeThreads);
+  // Few candidates (all of them at short context): sort them all and keep
+  // the best k. More: the k-th best by radix select, then sort those >= it.
+  uint64_t* best = sorted;
+  int kept;
+  if (in_smem && n <= kSortKeys) {
+    bitonic_sort_desc<kFinalizeThreads>(staged, n, tid);
+    best = staged;
+    kept = min(n, k);
+  } else {
+    const uint64_t kth = radix_kth<kBits>(each_key, uint32_t(k), hist, sel, tid, kFinalizeThreads,
+                                          [] { __syncthreads(); });
+    each_key([&](uint64_t key) { warp_append(key != 0 && key >= kth, key, sorted, &kept_count, lane); });
+    __syncthreads();
+    kept = kept_count;  // k: keys are unique
+    bitonic_sort_desc<kFinalizeThreads>(sorted, kept, tid);
+  }
 
   int32_t* picks = p.picks + int64_t(t) * k;
   int32_t* slots = p.slots + int64_t(t) * k;
   for (int i = tid; i < k; i += kFinalizeThreads) {
-    const int32_t j = i < kept ? indexer_key_index(sorted[i]) : -1;
+    const int32_t j = i < kept ? indexer_key_index(best[i]) : -1;
     picks[i] = j;
     slots[i] = i < kept ? block_table_slot(p.c4a_table, gr.run, j) : -1;
   }

@@ -29,8 +29,11 @@ __device__ __forceinline__ bool starts_group(const IndexerSelectParams& p, int t
   return p.token_run[t] != p.token_run[t - 1] || b != a + 1 || (a >> 2) != (b >> 2);
 }
 
+// Launched with PDL, but it lets no later kernel start before it ends (no
+// launch_dependents): the score and finalize kernels then read the plan
+// before their own wait, off their critical path.
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) {
-  pdl_start();  // pdl.cuh: launched with pdl_launch
+  wait_for_prior_grids();  // pdl.cuh
   const IndexerSelectParams& p = a.p;
   const Workspace& ws = a.ws;
   const int T = p.num_tokens;

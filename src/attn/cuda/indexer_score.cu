@@ -479,7 +479,7 @@ __device__ void compact(const Smem& s, int wg, int tl, int k) {
   uint64_t keys[kBufPerThread];
 #pragma unroll
   for (int i = 0; i < kBufPerThread; ++i) keys[i] = wt + 128 * i < n ? buf[wt + 128 * i] : 0;
-  const uint64_t kth = radix_kth<8>(
+  const uint64_t kth = radix_kth<8, false>(
       [&](auto&& f) {
 #pragma unroll
         for (int i = 0; i < kBufPerThread; ++i) f(keys[i]);
@@ -553,7 +553,7 @@ __device__ void write_lists(const SelectArgs& a, const Smem& s, const Group& gr,
       keys[i] = idx < n0 ? s.buf<kFp8>(0, tl)[idx] : (idx < n ? s.buf<kFp8>(1, tl)[idx - n0] : 0);
     }
     auto kth_of = [&](int need) {
-      return radix_kth<8>(
+      return radix_kth<8, false>(
           [&](auto&& f) {
 #pragma unroll
             for (int i = 0; i < kMergePerThread; ++i) f(keys[i]);
@@ -581,26 +581,27 @@ __device__ void write_lists(const SelectArgs& a, const Smem& s, const Group& gr,
 
 template <bool kFp8, bool kSelect>
 __global__ void __launch_bounds__(kScoreThreads, 1) score_kernel(const SelectArgs a) {
+  // Units are taken in turn: CTA b first takes unit b, then units from the
+  // counter (past the grid). The plan is read before the wait: the plan
+  // kernel lets nothing start before it ends (indexer_plan.cu).
+  const int units = a.ws.counters->units;
+  int u = blockIdx.x;
+  Unit un = u < units ? a.ws.units[u] : Unit{};
+  Group gr = u < units ? a.ws.groups[un.group] : Group{};
   pdl_start();  // pdl.cuh: launched with pdl_launch
   extern __shared__ uint8_t smem_raw[];
   const Smem s{reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
   Misc* m = s.misc<kFp8>();
   if (threadIdx.x == 0) m->out_count = 0;
-  // m->unit: thread 0 writes it before the barrier below, every thread reads
-  // it after; the next write comes after the CTA barriers in load_queries,
-  // after consume and in write_lists, all passed after those reads.
+  // m->unit: thread 0 writes it before the barrier at the loop's end, every
+  // thread reads it after; the next write comes after the CTA barriers in
+  // load_queries, after consume and in write_lists, all passed after those reads.
   // (compute-sanitizer racecheck reports this pair, and hist(2) / sel[2] in
   // write_lists, as hazards. Each is ordered by a __syncthreads of all 256
   // threads, and the same radix_kth under __syncthreads in finalize_kernel
   // is reported clean: the tool seems to mis-pair barrier 0 once the two
   // warpgroups have passed different numbers of their named barriers 1 + wg.)
-  for (;;) {
-    if (threadIdx.x == 0) m->unit = atomicAdd(&a.ws.counters->next_unit, 1);
-    __syncthreads();
-    const int u = m->unit;
-    if (u >= a.ws.counters->units) break;
-    const Unit un = a.ws.units[u];
-    const Group gr = a.ws.groups[un.group];
+  while (u < units) {
     load_queries<kFp8>(a.p, s, gr);
     switch (gr.count) {  // uniform: one instantiation per group size
       case 1: consume<kFp8, kSelect, 1>(a.p, s, gr, un); break;
@@ -615,6 +616,14 @@ __global__ void __launch_bounds__(kScoreThreads, 1) score_kernel(const SelectArg
       if (threadIdx.x < gr.count)
         a.ws.list_counts[int64_t(gr.list_base) + int64_t(un.split) * gr.count + threadIdx.x] = 0;
       __syncthreads();
+    }
+    if (units <= int(gridDim.x)) break;  // every unit was someone's first
+    if (threadIdx.x == 0) m->unit = int(gridDim.x) + atomicAdd(&a.ws.counters->next_unit, 1);
+    __syncthreads();
+    u = m->unit;
+    if (u < units) {
+      un = a.ws.units[u];
+      gr = a.ws.groups[un.group];
     }
   }
 }

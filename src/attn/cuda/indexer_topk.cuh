@@ -47,16 +47,19 @@ __device__ __forceinline__ void radix_find(const uint32_t* hist, uint32_t* sel, 
 // The k-th largest key among the keys that `visit` enumerates, over the
 // threads tid = 0 .. nthreads - 1 that call it together (sync() is their
 // barrier; nthreads a multiple of 32). visit(f) calls f(key) for every key
-// this thread holds (0 = empty, skipped), from whole warps in step: a
-// warp's lanes with the same digit add to the histogram once (scores of a
-// step share their leading bits, so plain atomics on the first digit would
-// serialize 32 ways). hist: 2^kBits words, sel: 2 words of shared memory,
-// used by no other thread while this runs. Needs 1 <= k <= number of keys.
+// this thread holds (0 = empty, skipped), from whole warps in step.
+// kWarpAggregate: a warp's lanes with the same digit add to the histogram
+// once. Finalize wants it: at long context its candidates share their
+// leading bits, and plain atomics on the first digit serialize 32 ways. The
+// score kernel's keys differ in those bits, and there __match_any_sync only
+// costs (1.3 ms of a 128 x 64K step, docs/perf-notes.md run G1).
+// hist: 2^kBits words, sel: 2 words of shared memory, used by no other
+// thread while this runs. Needs 1 <= k <= number of keys.
 // Digits of kBits from bit 33 down. Three barriers per digit order every
 // reuse: hist is zeroed before [1], counted before [2], read by radix_find
 // before [3] and zeroed again only after [3]; sel is written before [3],
 // read after it, and written again only after the next digit's [1] and [2].
-template <int kBits, typename Visit, typename Sync>
+template <int kBits, bool kWarpAggregate = true, typename Visit, typename Sync>
 __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_t* sel, int tid, int nthreads,
                               Sync&& sync) {
   uint64_t prefix = uint64_t(1) << kKeyTopBit, mask = prefix;
@@ -69,8 +72,12 @@ __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_
     visit([&](uint64_t key) {
       const bool in = (key & mask) == prefix;
       const uint32_t bin = in ? uint32_t((key >> shift) & digit_mask) : ~0u;
-      const uint32_t peers = __match_any_sync(0xffffffffu, bin);
-      if (in && __ffs(peers) - 1 == (tid & 31)) atomicAdd(hist + bin, uint32_t(__popc(peers)));
+      if constexpr (kWarpAggregate) {
+        const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+        if (in && __ffs(peers) - 1 == (tid & 31)) atomicAdd(hist + bin, uint32_t(__popc(peers)));
+      } else if (in) {
+        atomicAdd(hist + bin, 1u);
+      }
     });
     sync();  // [2]
     if (tid < 32) radix_find<kBits>(hist, sel, need, tid);
@@ -83,22 +90,53 @@ __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_
   return prefix;  // every bit fixed: the key itself (keys are unique)
 }
 
-// Sorts s[0 .. n) (n a power of two) descending; nthreads threads, CTA barriers.
-__device__ inline void bitonic_sort_desc(uint64_t* s, int n, int tid, int nthreads) {
-  for (int size = 2; size <= n; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = tid; i < n / 2; i += nthreads) {
-        const int lo = ((i & ~(stride - 1)) << 1) | (i & (stride - 1)), hi = lo + stride;
-        const bool desc = (lo & size) == 0;
-        const uint64_t a = s[lo], b = s[hi];
-        if (desc ? a < b : a > b) {
-          s[lo] = b;
-          s[hi] = a;
-        }
-      }
+// Sorts s[0 .. n) descending in place (keys unique but for 0s), over the
+// kThreads threads of the CTA, n <= 2 * kThreads; s has room for n rounded
+// up to a power of two. A bitonic network: each thread holds elements
+// 2 tid and 2 tid + 1, so exchanges less than 64 elements apart run in
+// registers (shuffles, no barrier) and only the wider ones go through
+// shared memory (10 of the 55 stages of 1,024 keys; the network in shared
+// memory alone took a barrier per stage).
+template <int kThreads>
+__device__ void bitonic_sort_desc(uint64_t* s, int n, int tid) {
+  static_assert(kThreads % 32 == 0, "whole warps");
+  int len = 2;
+  while (len < n) len <<= 1;
+  for (int i = n + tid; i < len; i += kThreads) s[i] = 0;
+  __syncthreads();
+  const int i0 = 2 * tid;
+  const bool live = i0 < len;  // the others hold 0s, exchanged only among themselves
+  uint64_t v[2] = {live ? s[i0] : 0, live ? s[i0 + 1] : 0};
+  for (int size = 2; size <= len; size <<= 1) {
+    if (size > 64) {  // strides of 64 and more: in shared memory, one barrier each
+      if (live) s[i0] = v[0], s[i0 + 1] = v[1];
       __syncthreads();
+      for (int stride = size >> 1; stride >= 64; stride >>= 1) {
+        for (int i = tid; i < len / 2; i += kThreads) {
+          const int lo = ((i & ~(stride - 1)) << 1) | (i & (stride - 1)), hi = lo + stride;
+          const uint64_t a = s[lo], b = s[hi];
+          if ((lo & size) == 0 ? a < b : a > b) s[lo] = b, s[hi] = a;
+        }
+        __syncthreads();
+      }
+      if (live) v[0] = s[i0], v[1] = s[i0 + 1];  // own elements: no barrier before the next write
+    }
+    for (int stride = size > 64 ? 32 : size >> 1; stride > 1; stride >>= 1) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {  // the partner is element e of lane ^ stride / 2
+        const int i = i0 + e;
+        const uint64_t o = __shfl_xor_sync(0xffffffffu, v[e], stride >> 1);
+        const bool keep_max = ((i & stride) == 0) == ((i & size) == 0);
+        if (keep_max != (v[e] > o)) v[e] = o;
+      }
+    }
+    if ((i0 & size) == 0 ? v[0] < v[1] : v[0] > v[1]) {  // stride 1: within the thread
+      const uint64_t t = v[0];
+      v[0] = v[1], v[1] = t;
     }
   }
+  if (live) s[i0] = v[0], s[i0 + 1] = v[1];
+  __syncthreads();
 }
 
 // Appends the keys for which `take` holds to buf at positions taken from

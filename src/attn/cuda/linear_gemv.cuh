@@ -198,9 +198,22 @@ __device__ __forceinline__ bool reduce_splits(const GemvArgs& a, float* ct) {
   __syncthreads();
   if (!is_last) return false;
   __threadfence();
+  // kBatch independent loads before the first add (a loop of unknown trip
+  // count issues them a few at a time: many round trips to L2 for 32
+  // splits); the adds stay in split order, so the sum is the same bits.
+  constexpr int kBatch = 16;
+  const size_t split_stride = size_t(nrb) * size_t(tile);
   for (int i = threadIdx.x; i < tile; i += kGemvThreads) {
+    const float* src = a.partials + size_t(rb) * size_t(tile) + i;
     float s = 0.0f;
-    for (int sp = 0; sp < a.splits; ++sp) s += __ldcg(a.partials + (size_t(sp) * nrb + rb) * size_t(tile) + i);
+    for (int sp0 = 0; sp0 < a.splits; sp0 += kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) v[b] = sp0 + b < a.splits ? __ldcg(src + size_t(sp0 + b) * split_stride) : 0.0f;
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+        if (sp0 + b < a.splits) s += v[b];
+    }
     ct[(i >> 7) * kCtStride + (i & 127)] = s;
   }
   if (threadIdx.x == 0) a.counters[rb] = 0;  // ready for the next call

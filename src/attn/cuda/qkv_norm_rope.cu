@@ -20,38 +20,50 @@ constexpr int kRopeThread0 = kNopeDim / 4;          // kv thread holding dims 44
 
 __global__ void __launch_bounds__(1024)
     qkv_norm_rope_kernel(const QkvNormRopeParams p, const __grid_constant__ RopeFreqs rf) {
-  pdl_start();  // pdl.cuh: launched with pdl_launch
   __shared__ double red[32];
   const int t = blockIdx.x, warp = int(threadIdx.x >> 5);
   const int nq = p.q_lora / 128;
   const bool is_q = warp < nq;
   const int i = is_q ? int(threadIdx.x) : int(threadIdx.x) - 32 * nq;  // elements 4i .. 4i+3 of its part
+  // Before the wait (pdl.cuh): the norm weights, and from the step metadata
+  // the rotation's factors and the SWA record (nothing of the chain writes them).
+  const float* w = (is_q ? p.q_norm : p.kv_norm) + 4 * i;
+  float wn[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) wn[k] = __ldg(w + k);
+  const bool rotates = !is_q && i >= kRopeThread0;  // dims 448..511: pairs q0 and q0 + 1 of the rotary part
+  float2 cs[2] = {};
+  if (rotates) {
+    const int64_t pos = __ldg(p.positions + t);
+    const int q0 = 2 * (i - kRopeThread0);
+    cs[0] = rope_cos_sin(pos, rf.inv_freq[q0]);
+    cs[1] = rope_cos_sin(pos, rf.inv_freq[q0 + 1]);
+  }
+  int te = 0;
+  uint8_t* page = is_q ? nullptr : record_page(p.swa, __ldg(p.swa_slot + t), te);  // the same for the four kv warps
+  pdl_start();  // pdl.cuh: launched with pdl_launch
+
   float v[4];
   load_bf16x4(p.qkv + int64_t(t) * p.qkv_ld + (is_q ? 0 : p.q_lora) + 4 * i, v);
   warp_partial(sum_squares4(v), red);
   __syncthreads();
   const float inv = is_q ? rms_inv(red_sum(red, 0, nq), p.q_lora, p.eps)
                          : rms_inv(red_sum(red, nq, kKvWarps), kKvDim, p.eps);
-  const float* w = (is_q ? p.q_norm : p.kv_norm) + 4 * i;
   float y[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) y[k] = bf16_round(__fmul_rn(__fmul_rn(v[k], inv), __ldg(w + k)));
+  for (int k = 0; k < 4; ++k) y[k] = bf16_round(__fmul_rn(__fmul_rn(v[k], inv), wn[k]));
 
   if (is_q) {
     if (p.cq) store_bf16x4(p.cq + int64_t(t) * p.cq_ld + 4 * i, y);
     if (p.cq_fp8.data) store_act_block(p.cq_fp8, t, warp, y);
     return;
   }
-  if (i >= kRopeThread0) {  // dims 448..511: pairs q0 and q0 + 1 of the rotary part
-    const int64_t pos = __ldg(p.positions + t);
-    const int q0 = 2 * (i - kRopeThread0);
-    rope_rotate(y[0], y[1], rope_cos_sin(pos, rf.inv_freq[q0]));
-    rope_rotate(y[2], y[3], rope_cos_sin(pos, rf.inv_freq[q0 + 1]));
+  if (rotates) {
+    rope_rotate(y[0], y[1], cs[0]);
+    rope_rotate(y[2], y[3], cs[1]);
 #pragma unroll
     for (int k = 0; k < 4; ++k) y[k] = bf16_round(y[k]);
   }
-  int te = 0;
-  uint8_t* page = record_page(p.swa, __ldg(p.swa_slot + t), te);  // the same for the four kv warps
   if (page) store_fp8_ds_mla(page, p.swa.entries_per_page, te, i, y);
 }
 

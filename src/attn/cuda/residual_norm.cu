@@ -23,11 +23,11 @@ int warps_for(int dim) { return std::min(kMaxWarps, dim / 128); }
 
 template <int kBlocks>
 __global__ void __launch_bounds__(kMaxWarps * 32, 2) residual_norm_kernel(const ResidualNormParams p) {
-  pdl_start();  // pdl.cuh: launched with pdl_launch
   __shared__ double red[kMaxWarps];
   const int t = blockIdx.x, warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   const int warps = int(blockDim.x >> 5), blocks = p.dim / 128;
-  const bool real = !p.num_real_tokens || t < __ldg(p.num_real_tokens);
+  const bool real = !p.num_real_tokens || t < __ldg(p.num_real_tokens);  // step metadata: before the wait
+  pdl_start();  // pdl.cuh: launched with pdl_launch
   const bool norm = p.mode == ResidualMode::kAddNorm;
   float v[kBlocks][4];
   double ss = 0.0;

@@ -87,10 +87,14 @@ struct PeerCta {
   uint32_t base = 0;  // the peer's shared-memory base (the same layout as ours)
 };
 
-// S and V (lane 0 of each warp) release K buffer b: ours, and in a pair the
-// peer's, which our writers fill too.
+// S and V release K buffer b, one arrive per warp (lane 0): ours, and in a
+// pair the peer's, which our writers fill too. The warp syncs first: the
+// copy-out of a finished unit (finish_half) reads the buffer from every lane,
+// and those reads must come before the arrive that lets writers in.
 template <int kCluster>
-__device__ __forceinline__ void release_buffer(uint32_t sbase, const PeerCta& peer, int b) {
+__device__ __forceinline__ void release_buffer(uint32_t sbase, const PeerCta& peer, int b, int lane) {
+  __syncwarp();
+  if (lane != 0) return;
   mbar_arrive(empty_bar(sbase, b));
   if constexpr (kCluster > 1) mbar_arrive_remote(empty_bar(peer.base, b));
 }
@@ -509,7 +513,7 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, co
     wgmma_wait<0>();
     fence_regs(acc);
     if (unit_last) finish_half(p, smem, acc, 0, kb, unit_end<kCluster>(p, w, peer, a, b, u0), m_run, l_row, kBarS);
-    if (lane == 0) release_buffer<kCluster>(sbase, peer, kb);
+    release_buffer<kCluster>(sbase, peer, kb, lane);
   }
   cp_async_wait_group<0>();  // nothing may land in shared memory after we return
 }
@@ -567,7 +571,7 @@ __device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, co
       const float m[2] = {stats[r0], stats[r0 + 8]}, l[2] = {stats[64 + r0], stats[64 + r0 + 8]};
       finish_half(p, smem, acc, 1, kb, unit_end<kCluster>(p, w, peer, a, b, u0), m, l, kBarV);
     }
-    if (lane == 0) release_buffer<kCluster>(sbase, peer, kb);
+    release_buffer<kCluster>(sbase, peer, kb, lane);
     if (s + 1 < n) named_arrive(kBarPFree, 256);
   }
   cp_async_wait_group<0>();

@@ -53,6 +53,7 @@ struct CompSpec {
   std::vector<RunSpec> runs;
   bool big = false;  // state and output caches past 2 GiB, the used pages at their top
   uint64_t seed = 1;
+  cuda::CompressorLaunch launch = cuda::CompressorLaunch::kAny;
 };
 
 int state_entries_per_page(int m) { return m == 4 ? 4 : 128; }  // the state groups' pages
@@ -306,7 +307,7 @@ void run_compressor(const CompSpec& spec) {
   if (!spec.big) d_out.upload(k.out.data(), k.out.size());
   const CompressorParams dp = k.params(d_proj.get(), d_ape.get(), d_norm.get(), d_pos.get(), d_run.get(), d_row.get(),
                                        d_entry.get(), d_pages.get(), d_first.get(), d_state.get(), d_out.get());
-  cuda::compressor_cuda(dp, nullptr);
+  cuda::compressor_cuda(dp, nullptr, spec.launch);
   sync_and_check("compressor_cuda");
   const std::vector<uint8_t> state_got = d_state.download(), out_got = d_out.download();
 
@@ -387,6 +388,31 @@ TEST_F(Compressor, C4ACachesPast2GiB) {
 }
 TEST_F(Compressor, C128ACachesPast2GiB) {
   run_compressor({128, 512, EntryFormat::kFp8DsMla, false, {{200, 150}, {1048575, 1}}, true, 58});
+}
+
+// Decode steps (one token per run: rows and entries in one kernel). C4A:
+// the first block end (block -1 absent), later block ends whose windows
+// hold 7 rows of earlier steps, tokens that complete nothing, the last slot
+// of the 1M context.
+std::vector<RunSpec> c4a_decode_runs() { return {{3, 1}, {7, 1}, {11, 1}, {10, 1}, {0, 1}, {1048575, 1}, {1048573, 1}}; }
+// C128A: the first block end, the second, the last slot, tokens that complete nothing.
+std::vector<RunSpec> c128a_decode_runs() { return {{127, 1}, {255, 1}, {1048575, 1}, {200, 1}, {0, 1}}; }
+constexpr cuda::CompressorLaunch kOneToken = cuda::CompressorLaunch::kOneTokenPerRun;
+
+TEST_F(Compressor, C4AMainDecode) {
+  run_compressor({4, 512, EntryFormat::kFp8DsMla, false, c4a_decode_runs(), false, 71, kOneToken});
+}
+TEST_F(Compressor, C4AIndexerFp8KeysDecode) {
+  run_compressor({4, 128, EntryFormat::kIndexFp8, true, c4a_decode_runs(), false, 72, kOneToken});
+}
+TEST_F(Compressor, C4AIndexerMxfp4KeysDecode) {
+  run_compressor({4, 128, EntryFormat::kIndexMxfp4, true, c4a_decode_runs(), false, 73, kOneToken});
+}
+TEST_F(Compressor, C128AMainDecode) {
+  run_compressor({128, 512, EntryFormat::kFp8DsMla, false, c128a_decode_runs(), false, 74, kOneToken});
+}
+TEST_F(Compressor, C4ADecodeCachesPast2GiB) {
+  run_compressor({4, 512, EntryFormat::kFp8DsMla, false, {{7, 1}, {1048575, 1}}, true, 75, kOneToken});
 }
 
 TEST_F(Compressor, ZeroTokensLaunchNothing) {
