@@ -4,7 +4,7 @@ and prints where a layer's time goes, per layer type.
 
 Layers are cut at the ends of residual_norm_kernel (the norm that starts each
 layer after the first); a layer with the indexer's score_kernel is C4A, one
-with a compressor (state_rows_kernel) but no scorer is C128A, the rest are
+with a compressor (state_rows_kernel or rows_entries_kernel) but no scorer is C128A, the rest are
 SWA-only. For the median layer of each type it lists every kernel in start
 order with its end measured from the layer's start: with programmatic
 dependent launch a kernel starts before the one it waits for has ended, so
@@ -43,7 +43,7 @@ def layers(rows):
     for a, b in zip(cuts, cuts[1:]):
         ks = [r for r in rows if a < r["e"] <= b]  # a kernel belongs to the layer it ends in
         names = {r["k"] for r in ks}
-        kind = "C4A" if "score_kernel" in names else ("C128A" if "state_rows_kernel" in names else "SWA")
+        kind = "C4A" if "score_kernel" in names else ("C128A" if names & {"state_rows_kernel", "rows_entries_kernel"} else "SWA")
         out.append((kind, a, b, ks))
     return out
 

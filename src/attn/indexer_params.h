@@ -33,6 +33,7 @@
 #include "common/hd.h"
 #include "numerics/bf16.h"
 #include "numerics/quant.h"
+#include "numerics/rope.h"
 
 namespace dsv4 {
 
@@ -45,11 +46,6 @@ inline constexpr int kIndexerMaxTopk = 1024;
 // Bytes of the data part of one record (query or key); the scale part is 4 bytes.
 constexpr int indexer_code_bytes(IndexKeyFormat f) { return f == IndexKeyFormat::kFp8 ? kIndexDim : kIndexDim / 2; }
 inline constexpr int kIndexerScaleBytes = 4;
-
-// RoPE frequencies of the layer (Rope::inv_freq()).
-struct IndexerRopeFreqs {
-  float inv_freq[32] = {};
-};
 
 // Quantized queries: record e = t * num_heads + h at codes + e * code_bytes,
 // its scale bytes at scales + 4 * e; weights[e] holds a bf16 value.
@@ -86,7 +82,7 @@ struct IndexerQueryParams {
   const float* proj = nullptr;      // weights_proj output, fp32: proj[t * proj_ld + h]
   int64_t proj_ld = 0;              // elements; >= num_heads
   const int32_t* positions = nullptr;  // [num_tokens]
-  IndexerRopeFreqs rope;
+  RopeFreqs rope;  // the layer's (Rope::freqs())
   IndexerQueriesOut out;  // format and sizes must match the params
 };
 

@@ -3,6 +3,7 @@
 // (SPEC §4): pair (2i, 2i+1) rotates by p * theta_i. C4A/C128A layers use base
 // 160000 with YaRN frequency interpolation, SWA-only layers base 10000 plain.
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
 namespace dsv4 {
@@ -22,6 +23,11 @@ struct RopeParams {
   YarnParams yarn_params;
 };
 
+// The 32 frequencies by value: what kernels and the indexer's parameters take.
+struct RopeFreqs {
+  float inv_freq[kRopeDim / 2] = {};
+};
+
 class Rope {
  public:
   explicit Rope(const RopeParams& params);
@@ -31,6 +37,11 @@ class Rope {
 
   // theta_i (after YaRN), i = 0..31.
   const std::array<float, kRopeDim / 2>& inv_freq() const { return inv_freq_; }
+  RopeFreqs freqs() const {
+    RopeFreqs f;
+    for (int i = 0; i < kRopeDim / 2; ++i) f.inv_freq[i] = inv_freq_[std::size_t(i)];
+    return f;
+  }
 
   // YaRN ramp bounds lo/hi for these params (only meaningful with yarn).
   static int yarn_low(const RopeParams& p);

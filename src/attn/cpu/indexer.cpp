@@ -59,7 +59,7 @@ std::vector<std::vector<int32_t>> IndexerOp::select_production(const StepView& s
   qp.proj = proj.data();
   qp.proj_ld = nI;
   qp.positions = s.positions;
-  std::copy(rope_.inv_freq().begin(), rope_.inv_freq().end(), qp.rope.inv_freq);
+  qp.rope = rope_.freqs();
   qp.out = IndexerQueriesOut{key_format_, T, nI, codes.data(), scales.data(), weights.data()};
   indexer_queries_cpu(qp);
 

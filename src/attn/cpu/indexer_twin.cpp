@@ -22,7 +22,7 @@ int real_tokens(int num_tokens, const int32_t* real) { return real ? std::clamp(
 // ---- op 1: queries -----------------------------------------------------------------
 
 // Rope::apply with the layer's frequencies passed in (the CUDA op gets them the same way).
-void rope_rotate(float* x, int64_t pos, const IndexerRopeFreqs& f) {
+void rope_rotate(float* x, int64_t pos, const RopeFreqs& f) {
   for (int i = 0; i < kRopeDim / 2; ++i) {
     const float angle = float(pos) * f.inv_freq[i];
     const float c = float(std::cos(double(angle))), s = float(std::sin(double(angle)));
@@ -33,7 +33,7 @@ void rope_rotate(float* x, int64_t pos, const IndexerRopeFreqs& f) {
 }
 
 // One head: RoPE, bf16, Hadamard, bf16, then quantized into its record.
-void quantize_head(const uint16_t* q_raw, int64_t pos, const IndexerRopeFreqs& rope, IndexKeyFormat f, uint8_t* codes,
+void quantize_head(const uint16_t* q_raw, int64_t pos, const RopeFreqs& rope, IndexKeyFormat f, uint8_t* codes,
                    uint8_t* scales) {
   float x[kIndexDim];
   for (int i = 0; i < kIndexDim; ++i) x[i] = bf16_to_float(q_raw[i]);

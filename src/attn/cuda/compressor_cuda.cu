@@ -75,6 +75,11 @@ __global__ void __launch_bounds__(kRowThreads) state_rows_kernel(const Compresso
   if (row) write_row(p, t, ape, row, nullptr, kRowThreads);
 }
 
+// The first finishing thread with rotary dims: a CTA of `threads` threads
+// (one per channel) finishes with threads / 4 of them, channels 4i .. 4i + 3,
+// and the last kRopeDim / 4 of those hold the rotary pairs 2(i - first), +1.
+__device__ constexpr int rope_thread0(int threads) { return threads / 4 - kRopeDim / 4; }
+
 // The entry token t completes: its record, its pooled rows (rows_s[i],
 // position first + i; the row at `own`, if any, replaced by own_s) and the
 // RoPE factors of the calling thread.
@@ -101,7 +106,7 @@ __device__ __forceinline__ EntryPlan plan_entry(const CompressorParams& p, const
     const float* r = state_row(p, block_table_slot(p.state_table, run, e.first + i));
     rows_s[i] = r != nullptr && r == own ? own_s : r;
   }
-  const int i = int(threadIdx.x), rope0 = int(blockDim.x) / 4 - kRopeDim / 4;  // see pool_and_finish
+  const int i = int(threadIdx.x), rope0 = rope_thread0(int(blockDim.x));
   if (i >= rope0 && i < int(blockDim.x) / 4) {
     const int q0 = 2 * (i - rope0);
     e.cs[0] = rope_cos_sin(e.j * m, inv_freq[q0]);
@@ -135,8 +140,7 @@ __device__ __forceinline__ void pool_and_finish(const CompressorParams& p, const
   const float inv = rms_inv(red_sum(red, 0, kFinish / 32), kDim, p.eps);
 #pragma unroll
   for (int k = 0; k < 4; ++k) y[k] = bf16_round(__fmul_rn(__fmul_rn(y[k], inv), __ldg(p.norm + 4 * i + k)));
-  constexpr int kRopeThread0 = kFinish - kRopeDim / 4;  // holds the first rotary dims
-  if (i >= kRopeThread0) {
+  if (i >= rope_thread0(kDim)) {  // e.cs: plan_entry's factors for these dims
     rope_rotate(y[0], y[1], e.cs[0]);
     rope_rotate(y[2], y[3], e.cs[1]);
 #pragma unroll
@@ -233,7 +237,7 @@ void check_compressor_cuda_params(const CompressorParams& p) {
 void compressor_cuda(const CompressorParams& p, CUstream_st* stream, CompressorLaunch mode) {
   check_compressor_cuda_params(p);
   if (p.num_tokens == 0) return;
-  const EntryArgs args{rope_freqs(*p.rope), float(1.0 / std::sqrt(double(p.dim)))};
+  const EntryArgs args{p.rope->freqs(), float(1.0 / std::sqrt(double(p.dim)))};
   if (mode == CompressorLaunch::kOneTokenPerRun) {
     launch_entries_for<true>(p, args, stream);
     cuda_check(cudaGetLastError(), "compressor (cuda): rows + entries launch");

@@ -282,7 +282,7 @@ void CudaLayer::select(StepBuffers& b) {
   q.proj = b.proj + proj_columns(type_).weights;
   q.proj_ld = b.proj_ld;
   q.positions = b.step.positions;
-  for (int i = 0; i < kRopeDim / 2; ++i) q.rope.inv_freq[i] = rope_.inv_freq()[size_t(i)];
+  q.rope = rope_.freqs();
   q.out = b.idx_queries;
   q.out.num_tokens = T;
   lane_wait(b, Lane::kMain, LanePoint::kProj);  // weights_proj's columns

@@ -23,12 +23,14 @@ constexpr int kHeadsPerCta = kThreads / 32;
 
 __global__ void __launch_bounds__(kThreads) queries_kernel(const IndexerQueryParams p, float hadamard_scale,
                                                            float head_scale) {
-  cuda::pdl_start();  // pdl.cuh: launched with pdl_launch
+  // The step metadata (real count, positions) and the RoPE factors before
+  // the wait (pdl.cuh): they overlap the projection's tail.
   const int t = blockIdx.x;
   const int real = p.real_tokens ? min(max(*p.real_tokens, 0), p.num_tokens) : p.num_tokens;
-  if (t >= real) return;
   __shared__ float2 cs_s[32];
-  if (threadIdx.x < 32) cs_s[threadIdx.x] = cuda::rope_cos_sin(p.positions[t], p.rope.inv_freq[threadIdx.x]);
+  if (t < real && threadIdx.x < 32) cs_s[threadIdx.x] = cuda::rope_cos_sin(p.positions[t], p.rope.inv_freq[threadIdx.x]);
+  cuda::pdl_start();  // pdl.cuh: launched with pdl_launch
+  if (t >= real) return;
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nI = p.num_heads;
   const bool fp8 = p.out.format == IndexKeyFormat::kFp8;

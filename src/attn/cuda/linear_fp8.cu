@@ -132,7 +132,7 @@ bool Fp8Linear::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, LinearWorkspa
     tail.counters = ws.counters() + detail::gemv_counters(out_features());
     tail.positions = q.positions;
     tail.eps = q.eps;
-    for (int i = 0; i < kRopeDim / 2; ++i) tail.inv_freq[i] = q.rope->inv_freq()[size_t(i)];
+    tail.rope = q.rope->freqs();
   }
   impl_->product->forward(x, y, ldy, impl_->options, ws, static_cast<float*>(ws.scratch()), stream, impl_->route,
                           fuse ? &tail : nullptr);

@@ -125,13 +125,15 @@ template <GemvWeight W>
 inline constexpr int kStageK = 2 * GemvKind<W>::kChunkK;
 
 // Shared memory: the decoded activation slice [8 MT][kc / 2 + pad] words
-// (reused for the fp32 output tile), then its scales [8 MT][kc / 128].
+// (reused for the fp32 output tile), then its scales [8 MT][kc / 128], then
+// the CTA's weight scales [kc / 128].
 template <GemvWeight W>
 constexpr size_t gemv_smem_bytes(int tile_rows, int64_t kc) {
   const size_t xs = size_t(tile_rows) * size_t(kc / 2 + GemvKind<W>::kPadWords);
   const size_t ct = size_t(tile_rows) * size_t(kCtStride);
   const size_t sc = W == GemvWeight::kFp8 ? size_t(tile_rows) * size_t(kc / 128) : 0;
-  return 4 * ((xs > ct ? xs : ct) + sc);
+  const size_t wsc = GemvKind<W>::kScaled ? size_t(kc / 128) : 0;
+  return 4 * ((xs > ct ? xs : ct) + sc + wsc);
 }
 
 // ---- the kernel --------------------------------------------------------------
@@ -261,7 +263,7 @@ __device__ __forceinline__ void q_head_tail(const GemvArgs& a, uint32_t* smem) {
   uint16_t* y = static_cast<uint16_t*>(a.y) + int64_t(head) * 512;
   q_head_rows(
       a.m, [&](int r) { return y + int64_t(r) * a.ldy; },
-      [&](int r) { return int64_t(__ldg(a.q_head.positions + r)); }, a.q_head.inv_freq, a.q_head.eps,
+      [&](int r) { return int64_t(__ldg(a.q_head.positions + r)); }, a.q_head.rope.inv_freq, a.q_head.eps,
       *reinterpret_cast<QHeadSmem*>(smem));
   if (threadIdx.x == 0) a.q_head.counters[head] = 0;  // ready for the next call
 }
@@ -291,6 +293,7 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
   uint32_t* xs = smem;
   const int xs_words = T * xstride;
   float* xsc = reinterpret_cast<float*>(smem + (xs_words > T * kCtStride ? xs_words : T * kCtStride));
+  float* wsc = xsc + (W == GemvWeight::kFp8 ? T * (kc / 128) : 0);
 
   // This thread's two weight rows (clamped into the matrix; rows past n are never written).
   const int64_t ra = row0 + 16 * warp + g;
@@ -299,7 +302,13 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
   const int64_t row_bytes = a.k * Kind::kElemBytes;
   const uint8_t* wa = wbase + (ra < a.n ? ra : a.n - 1) * row_bytes + k0 * Kind::kElemBytes + 16 * t;
   const uint8_t* wb = wbase + (rbw < a.n ? rbw : a.n - 1) * row_bytes + k0 * Kind::kElemBytes + 16 * t;
-  const float* wscale = Kind::kScaled ? a.w_scales + int64_t(blockIdx.x) * a.w_scale_ld + k0 / 128 : nullptr;
+  // The weight scales go to shared memory before the wait: read where a
+  // stage needs them, each was a dependent global load (Nsight Compute put
+  // a quarter of wq_b's stall samples on the multiplies that waited for it).
+  if constexpr (Kind::kScaled) {
+    const float* wscale = a.w_scales + int64_t(blockIdx.x) * a.w_scale_ld + k0 / 128;
+    for (int i = threadIdx.x; i < kc / 128; i += kGemvThreads) wsc[i] = __ldg(wscale + i);
+  }
 
   float acc[MT][4];
 #pragma unroll
@@ -353,7 +362,7 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
       }
     }
     if constexpr (Kind::kScaled) {
-      const float sw = wscale[st];
+      const float sw = wsc[st];
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
         float s0 = sw, s1 = sw;

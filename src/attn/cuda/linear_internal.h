@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "attn/cuda/fp8_act.h"
+#include "numerics/rope.h"
 
 struct CUstream_st;
 
@@ -30,7 +31,7 @@ struct GemvQHeadTail {
   unsigned* counters = nullptr;        // [n / 512] zeroed arrival counters, reset by their last CTA
   const int32_t* positions = nullptr;  // [m]: row r's position
   float eps = 0.0f;
-  float inv_freq[32] = {};             // the layer's RoPE frequencies
+  RopeFreqs rope;                      // the layer's RoPE frequencies
 };
 
 // One launch of the small-M kernel: y[r, c] = sum_k x[r, g * k + kk] w[c, kk]

@@ -52,7 +52,7 @@ void out_rope_table_cuda(const int32_t* positions, int num_tokens, const Rope& r
   DSV4_REQUIRE(positions && table && aligned(positions, 4) && aligned(table, 16),
                what + ": positions (4-byte aligned) and table (16-byte aligned) are required");
   pdl_launch(out_rope_table_kernel, unsigned(num_tokens), kRopeDim / 2, 0, stream, positions,
-             reinterpret_cast<float2*>(table), rope_freqs(rope));
+             reinterpret_cast<float2*>(table), rope.freqs());
   cuda_check(cudaGetLastError(), "out_rope_table (cuda): launch");
 }
 
@@ -69,7 +69,7 @@ void check_out_inverse_rope_params(const OutInverseRopeParams& p) {
 void out_inverse_rope_cuda(const OutInverseRopeParams& p, CUstream_st* stream) {
   check_out_inverse_rope_params(p);
   if (p.num_tokens == 0) return;
-  pdl_launch(out_rope_kernel, unsigned(p.num_tokens), kThreads, 0, stream, p, rope_freqs(*p.rope));
+  pdl_launch(out_rope_kernel, unsigned(p.num_tokens), kThreads, 0, stream, p, p.rope->freqs());
   cuda_check(cudaGetLastError(), "out_inverse_rope (cuda): launch");
 }
 

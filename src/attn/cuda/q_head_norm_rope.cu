@@ -48,7 +48,7 @@ void q_head_norm_rope_cuda(const QHeadNormRopeParams& p, CUstream_st* stream) {
   check_q_head_norm_rope_params(p);
   if (p.num_tokens == 0) return;
   const int64_t blocks = (int64_t(p.num_tokens) * p.num_heads + kQHeadRows - 1) / kQHeadRows;
-  pdl_launch(q_head_kernel, unsigned(blocks), kQHeadThreads, 0, stream, p, rope_freqs(*p.rope));
+  pdl_launch(q_head_kernel, unsigned(blocks), kQHeadThreads, 0, stream, p, p.rope->freqs());
   cuda_check(cudaGetLastError(), "q_head_norm_rope (cuda): launch");
 }
 

@@ -53,6 +53,20 @@ __device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// f(j, r, c, v) for each chunk j this thread holds of a row r < nrows:
+// columns 8c .. 8c + 7 of row r, unpacked to floats.
+template <typename F>
+__device__ __forceinline__ void each_held(const uint4 (&x)[kPerThread], int nrows, F&& f) {
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int k = int(threadIdx.x) + j * kQHeadThreads, r = k / kChunks, c = k % kChunks;
+    if (r >= nrows) continue;
+    float v[8];
+    unpack8(x[j], v);
+    f(j, r, c, v);
+  }
+}
+
 }  // namespace qhead
 
 // Rows i < nrows (<= kQHeadRows) of q, row i at row_ptr(i) (512 bf16, 16-byte
@@ -72,18 +86,13 @@ __device__ __forceinline__ void q_head_rows(int nrows, RowPtr row_ptr, PosOf pos
     dst[j] = r < nrows ? row_ptr(r) + 8 * c : nullptr;
     if (r < nrows) x[j] = __ldcg(reinterpret_cast<const uint4*>(dst[j]));
   }
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    const int k = tid + j * kQHeadThreads, r = k / kChunks, c = k % kChunks;
-    if (r >= nrows) continue;
-    float v[8];
-    unpack8(x[j], v);
+  each_held(x, nrows, [&](int, int r, int c, float(&v)[8]) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = bf16_round(__fmul_rn(v[i], v[i]));
     float4* sq = reinterpret_cast<float4*>(&sm.sq[r][8 * c]);
     sq[0] = make_float4(v[0], v[1], v[2], v[3]);
     sq[1] = make_float4(v[4], v[5], v[6], v[7]);
-  }
+  });
   for (int k = tid; k < nrows * (kRopeDim / 2); k += kQHeadThreads) {
     const int r = k / (kRopeDim / 2), i = k % (kRopeDim / 2);
     sm.cs[r][i] = rope_cos_sin(pos_of(r), inv_freq[i]);
@@ -103,12 +112,7 @@ __device__ __forceinline__ void q_head_rows(int nrows, RowPtr row_ptr, PosOf pos
   }
   __syncthreads();
 
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    const int k = tid + j * kQHeadThreads, r = k / kChunks, c = k % kChunks;
-    if (r >= nrows) continue;
-    float v[8];
-    unpack8(x[j], v);
+  each_held(x, nrows, [&](int j, int r, int c, float(&v)[8]) {
     const float inv = sm.inv[r];
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = bf16_round(__fmul_rn(v[i], inv));
@@ -122,7 +126,7 @@ __device__ __forceinline__ void q_head_rows(int nrows, RowPtr row_ptr, PosOf pos
       }
     }
     *reinterpret_cast<uint4*>(dst[j]) = pack8(v);
-  }
+  });
 }
 
 }  // namespace dsv4::cuda

@@ -92,7 +92,7 @@ void qkv_norm_rope_cuda(const QkvNormRopeParams& p, CUstream_st* stream) {
   check_qkv_norm_rope_params(p);
   if (p.num_tokens == 0) return;
   const int threads = 32 * (p.q_lora / 128 + kKvWarps);
-  pdl_launch(qkv_norm_rope_kernel, unsigned(p.num_tokens), unsigned(threads), 0, stream, p, rope_freqs(*p.rope));
+  pdl_launch(qkv_norm_rope_kernel, unsigned(p.num_tokens), unsigned(threads), 0, stream, p, p.rope->freqs());
   cuda_check(cudaGetLastError(), "qkv_norm_rope (cuda): launch");
 }
 

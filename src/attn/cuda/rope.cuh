@@ -13,17 +13,6 @@
 
 namespace dsv4::cuda {
 
-// The layer's 32 RoPE frequencies, passed to kernels by value.
-struct RopeFreqs {
-  float inv_freq[kRopeDim / 2];
-};
-
-inline RopeFreqs rope_freqs(const Rope& rope) {
-  RopeFreqs f{};
-  for (int i = 0; i < kRopeDim / 2; ++i) f.inv_freq[i] = rope.inv_freq()[size_t(i)];
-  return f;
-}
-
 // cos and sin of pair i at position pos, as Rope::apply computes them: the
 // angle a float product, cos and sin in double, each rounded to float.
 // inverse: the sine negated (rotation by -angle).

@@ -82,11 +82,8 @@ class IndexerCudaTest : public ::testing::Test {
   }
 };
 
-IndexerRopeFreqs c4a_rope() {
-  const Rope rope(RopeParams{160000, true, YarnParams{}});
-  IndexerRopeFreqs f;
-  std::copy(rope.inv_freq().begin(), rope.inv_freq().end(), f.inv_freq);
-  return f;
+RopeFreqs c4a_rope() {
+  return Rope(RopeParams{160000, true, YarnParams{}}).freqs();
 }
 
 // ---- op 1: queries -------------------------------------------------------------------
