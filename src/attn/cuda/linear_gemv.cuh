@@ -268,9 +268,10 @@ __device__ __forceinline__ void q_head_tail(const GemvArgs& a, uint32_t* smem) {
   if (threadIdx.x == 0) a.q_head.counters[head] = 0;  // ready for the next call
 }
 
-// CTAs per SM the kernel is compiled for: 2 (87 registers at MT = 1), or for
-// decode rows on a grid of more than two waves at 2, a dense variant at 3
-// (80 registers) that runs it in one. Measured (docs/perf-notes.md, run D2):
+// CTAs per SM the kernel is compiled for: 2 (at MT <= 4 it takes the 128
+// registers that allows, ptxas -v), or for decode rows on a grid of more
+// than two waves at 2, a dense variant at 3 (80 registers) that runs it in
+// one. Measured (docs/perf-notes.md, run D2):
 // the dense variant is 1.3x faster on such grids (wq_a+wkv: 384 CTAs) and
 // 1.2x slower on one-wave grids (wq_b, wo_a, wo_b: 256 CTAs).
 template <int MT>

@@ -1,11 +1,11 @@
 #pragma once
 // RoPE on the device in the CPU's exact operation order (numerics/rope.cpp):
-// the layer's frequencies passed by value, cos/sin of a pair at a position,
-// and the rotation of a pair. Shared by the fused elementwise ops
-// (fused_common.cuh) and the attention kernels' fused output rotation.
+// cos/sin of a pair at a position (the layer's frequencies come by value as
+// RopeFreqs, numerics/rope.h) and the rotation of a pair. Shared by the fused
+// elementwise ops (fused_common.cuh) and the attention kernels' fused output
+// rotation.
 #include <cuda_runtime.h>
 
-#include <cstddef>
 #include <cstdint>
 
 #include "numerics/bf16.h"
