@@ -590,7 +590,11 @@ __global__ void __launch_bounds__(kScoreThreads, 1) score_kernel(const SelectArg
   Group gr = u < units ? a.ws.groups[un.group] : Group{};
   pdl_start();  // pdl.cuh: launched with pdl_launch
   extern __shared__ uint8_t smem_raw[];
-  const Smem s{reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
+  // The 1024-aligned base as smem_raw plus a pad: derived from the shared
+  // array, so the compiler knows every access through it is to shared memory.
+  // (Rebuilt from an integer it made them generic loads, stores and gpu-scope
+  // atomics: Nsight Compute, run J2.)
+  const Smem s{smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u)};
   Misc* m = s.misc<kFp8>();
   if (threadIdx.x == 0) m->out_count = 0;
   // m->unit: thread 0 writes it before the barrier at the loop's end, every
