@@ -107,11 +107,7 @@ __device__ __forceinline__ EntryPlan plan_entry(const CompressorParams& p, const
     rows_s[i] = r != nullptr && r == own ? own_s : r;
   }
   const int i = int(threadIdx.x), rope0 = rope_thread0(int(blockDim.x));
-  if (i >= rope0 && i < int(blockDim.x) / 4) {
-    const int q0 = 2 * (i - rope0);
-    e.cs[0] = rope_cos_sin(e.j * m, inv_freq[q0]);
-    e.cs[1] = rope_cos_sin(e.j * m, inv_freq[q0 + 1]);
-  }
+  if (i >= rope0 && i < int(blockDim.x) / 4) rope_quad_factors(e.cs, e.j * m, inv_freq, i - rope0);
   return e;
 }
 
@@ -140,12 +136,7 @@ __device__ __forceinline__ void pool_and_finish(const CompressorParams& p, const
   const float inv = rms_inv(red_sum(red, 0, kFinish / 32), kDim, p.eps);
 #pragma unroll
   for (int k = 0; k < 4; ++k) y[k] = bf16_round(__fmul_rn(__fmul_rn(y[k], inv), __ldg(p.norm + 4 * i + k)));
-  if (i >= rope_thread0(kDim)) {  // e.cs: plan_entry's factors for these dims
-    rope_rotate(y[0], y[1], e.cs[0]);
-    rope_rotate(y[2], y[3], e.cs[1]);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) y[k] = bf16_round(y[k]);
-  }
+  if (i >= rope_thread0(kDim)) rope_rotate_quad_bf16(y, e.cs);  // e.cs: plan_entry's factors for these dims
   const int B = p.out.entries_per_page;
   if constexpr (kDim == kKvDim) {
     store_fp8_ds_mla(e.page, B, e.te, i, y);

@@ -55,9 +55,10 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   __syncthreads();
   int mine = 0;
   for (int s = tid; s < lists; s += kFinalizeThreads) {
-    counts[s] = ws.list_counts[list_of(s)];
+    const int64_t l = list_of(s);
+    counts[s] = ws.list_counts[l];
     mine += counts[s];
-    if (bounded) atomicMin(&bound, (unsigned long long)ws.list_bounds[list_of(s)]);
+    if (bounded) atomicMin(&bound, (unsigned long long)ws.list_bounds[l]);
   }
   if (mine) atomicAdd(&total, mine);
   __syncthreads();

@@ -33,12 +33,7 @@ __global__ void __launch_bounds__(1024)
   for (int k = 0; k < 4; ++k) wn[k] = __ldg(w + k);
   const bool rotates = !is_q && i >= kRopeThread0;  // dims 448..511: pairs q0 and q0 + 1 of the rotary part
   float2 cs[2] = {};
-  if (rotates) {
-    const int64_t pos = __ldg(p.positions + t);
-    const int q0 = 2 * (i - kRopeThread0);
-    cs[0] = rope_cos_sin(pos, rf.inv_freq[q0]);
-    cs[1] = rope_cos_sin(pos, rf.inv_freq[q0 + 1]);
-  }
+  if (rotates) rope_quad_factors(cs, __ldg(p.positions + t), rf.inv_freq, i - kRopeThread0);
   int te = 0;
   uint8_t* page = is_q ? nullptr : record_page(p.swa, __ldg(p.swa_slot + t), te);  // the same for the four kv warps
   pdl_start();  // pdl.cuh: launched with pdl_launch
@@ -58,12 +53,7 @@ __global__ void __launch_bounds__(1024)
     if (p.cq_fp8.data) store_act_block(p.cq_fp8, t, warp, y);
     return;
   }
-  if (rotates) {
-    rope_rotate(y[0], y[1], cs[0]);
-    rope_rotate(y[2], y[3], cs[1]);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) y[k] = bf16_round(y[k]);
-  }
+  if (rotates) rope_rotate_quad_bf16(y, cs);
   if (page) store_fp8_ds_mla(page, p.swa.entries_per_page, te, i, y);
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // RoPE on the device in the CPU's exact operation order (numerics/rope.cpp):
 // cos/sin of a pair at a position (the layer's frequencies come by value as
-// RopeFreqs, numerics/rope.h) and the rotation of a pair. Shared by the fused
+// RopeFreqs, numerics/rope.h), the rotation of a pair and of a thread's quad. Shared by the fused
 // elementwise ops (fused_common.cuh) and the attention kernels' fused output
 // rotation.
 #include <cuda_runtime.h>
@@ -30,6 +30,21 @@ __device__ __forceinline__ void rope_rotate(float& a, float& b, float2 cs) {
   const float x1 = __fadd_rn(__fmul_rn(a, cs.y), __fmul_rn(b, cs.x));
   a = x0;
   b = x1;
+}
+
+// A thread holding the rotary dims four at a time (quad r: dims 4r .. 4r + 3
+// of the rotary part, pairs 2r and 2r + 1): its two pairs' factors, and its
+// four values rotated and rounded to bf16, as the kv path and the
+// compressors finish a vector.
+__device__ __forceinline__ void rope_quad_factors(float2 (&cs)[2], int64_t pos, const float* inv_freq, int r) {
+  cs[0] = rope_cos_sin(pos, inv_freq[2 * r]);
+  cs[1] = rope_cos_sin(pos, inv_freq[2 * r + 1]);
+}
+__device__ __forceinline__ void rope_rotate_quad_bf16(float (&y)[4], const float2 (&cs)[2]) {
+  rope_rotate(y[0], y[1], cs[0]);
+  rope_rotate(y[2], y[3], cs[1]);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) y[k] = round_bf16(y[k]);
 }
 
 // A word of two bf16 (the lower one first: pair element 0) rotated by cs and
