@@ -601,7 +601,9 @@ __global__ void __launch_bounds__(kScoreThreads, 1) score_kernel(const SelectArg
   // thread reads it after; the next write comes after the CTA barriers in
   // load_queries, after consume and in write_lists, all passed after those reads.
   // (compute-sanitizer racecheck reports this pair, and hist(2) / sel[2] in
-  // write_lists, as hazards. Each is ordered by a __syncthreads of all 256
+  // write_lists, as hazards; since the shared accesses are no longer generic,
+  // also hist(wg) / sel[wg] in compact, ordered by the warpgroup's named
+  // barrier. Each write_lists pair is ordered by a __syncthreads of all 256
   // threads, and the same radix_kth under __syncthreads in finalize_kernel
   // is reported clean: the tool seems to mis-pair barrier 0 once the two
   // warpgroups have passed different numbers of their named barriers 1 + wg.)

@@ -1,9 +1,9 @@
 #pragma once
 // RoPE on the device in the CPU's exact operation order (numerics/rope.cpp):
 // cos/sin of a pair at a position (the layer's frequencies come by value as
-// RopeFreqs, numerics/rope.h), the rotation of a pair and of a thread's quad. Shared by the fused
-// elementwise ops (fused_common.cuh) and the attention kernels' fused output
-// rotation.
+// RopeFreqs, numerics/rope.h), the rotation of a pair and of a thread's four
+// rotary dims. Shared by the fused elementwise ops (fused_common.cuh), the
+// compressors and the attention kernels' fused output rotation.
 #include <cuda_runtime.h>
 
 #include <cstdint>
