@@ -118,6 +118,17 @@ void capture_entries(const std::vector<int32_t>& slots, int real, const KvPagesM
   }
 }
 
+// The row count from which a linear takes cuBLASLt (multiples of 8) before
+// small_m_max: where cuBLASLt beats the own split-K kernel in the step, not
+// only alone (docs/perf-notes.md, runs K1-K2): wq_a+wkv, wo_b and
+// indexer.wq_b from 16 rows, wq_b from 32. (Alone, indexer.wq_b wins from 8
+// rows, but the batch-8 step did not get faster.) Options that set
+// cublas_from themselves keep it.
+LinearOptions cublas_from(LinearOptions o, int rows) {
+  if (o.cublas_from == 0) o.cublas_from = rows;
+  return o;
+}
+
 int real_tokens(const StepBuffers& b) {
   int n = 0;
   check(cudaMemcpy(&n, b.real_tokens, 4, cudaMemcpyDeviceToHost), "capture copy");
@@ -137,9 +148,10 @@ DeviceFloats::~DeviceFloats() { cudaFree(p_); }
 CudaLayer::CudaLayer(const ModelConfig& config, const LayerWeights& w, IndexKeyFormat keys,
                      const LinearOptions& linear)
     : config_(config), layer_(w.layer), type_(w.type), keys_(keys), rope_(config.rope_params(w.type)),
-      wqkv_((require_fp8(w.wq_a), require_fp8(w.wkv), std::vector<const WeightMatrix*>{&w.wq_a, &w.wkv}), linear),
-      wq_b_((require_fp8(w.wq_b), w.wq_b), linear),
-      wo_b_((require_fp8(w.wo_b), w.wo_b), linear),
+      wqkv_((require_fp8(w.wq_a), require_fp8(w.wkv), std::vector<const WeightMatrix*>{&w.wq_a, &w.wkv}),
+            cublas_from(linear, 16)),
+      wq_b_((require_fp8(w.wq_b), w.wq_b), cublas_from(linear, 32)),
+      wo_b_((require_fp8(w.wo_b), w.wo_b), cublas_from(linear, 16)),
       q_norm_(w.q_norm), kv_norm_(w.kv_norm), sink_(w.attn_sink), ape_(ape_or_empty(w.compressor)),
       norm_(w.compressor ? w.compressor->norm : std::vector<float>{}),
       idx_ape_(w.indexer ? w.indexer->compressor.ape : std::vector<float>{}),
@@ -153,7 +165,7 @@ CudaLayer::CudaLayer(const ModelConfig& config, const LayerWeights& w, IndexKeyF
   if (w.compressor) proj_.emplace(proj_parts(w), linear);
   if (w.indexer) {
     require_fp8(w.indexer->wq_b);
-    idx_wq_b_.emplace(w.indexer->wq_b, linear);
+    idx_wq_b_.emplace(w.indexer->wq_b, cublas_from(linear, 16));
   }
 }
 

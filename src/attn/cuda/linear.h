@@ -25,7 +25,8 @@
 // Paths. Up to small_m_max rows a linear runs its own kernel: split-K over
 // the weight (16-byte loads, block scales applied in registers, tensor-core
 // MMAs on operands decoded exactly), partial sums combined in a fixed order
-// by the last CTA of each row block. Above, cuBLASLt: block-scaled FP8
+// by the last CTA of each row block. Above (and from cublas_from rows in
+// multiples of 8, where a shape wants it earlier), cuBLASLt: block-scaled FP8
 // (VEC128 activation scales, BLK128x128 weight scales), bf16 strided-batched
 // for wo_a, bf16 -> fp32 for Bf16Linear. cuBLASLt's FP8 kernels take only row
 // counts that are multiples of 8: the remaining rows (and any shape or
@@ -65,6 +66,11 @@ struct LinearOptions {
   // The own kernel's split of k (benchmarks, tests): used when it divides
   // k / 128 and fits; 0 chooses automatically.
   int splits = 0;
+  // From this many rows, when they are a multiple of 8 (cuBLASLt's FP8 rows,
+  // so none are left for a second pass over the weight), cuBLASLt even at
+  // or below small_m_max; 0: never. For shapes whose split-K kernel loses to
+  // cuBLASLt before small_m_max (the layer's choices: cuda_layer.cu).
+  int cublas_from = 0;
 };
 
 struct W8A16Options : LinearOptions {

@@ -14,7 +14,8 @@ namespace dsv4::cuda {
 namespace detail {
 
 bool wants_cublas(const LinearOptions& opt, int m) {
-  return opt.path == LinearPath::kCublas || (opt.path == LinearPath::kAuto && m > opt.small_m_max);
+  if (opt.path != LinearPath::kAuto) return opt.path == LinearPath::kCublas;
+  return m > opt.small_m_max || (opt.cublas_from > 0 && m >= opt.cublas_from && m % 8 == 0);
 }
 
 int Fp8Product::cublas_rows(const Fp8Act& x, const uint16_t* y, int64_t ldy, const LinearWorkspace& ws,

@@ -492,6 +492,42 @@ TEST_F(LinearCudaTest, Fp8FlashShapes) {
   }
 }
 
+// cublas_from: row counts from it that are multiples of 8 go to cuBLASLt
+// whole, below small_m_max too; the others stay on the own kernel (no second
+// pass over the weight for a remainder). Each output is the bits of the
+// path that took its rows.
+TEST_F(LinearCudaTest, Fp8CublasFromTakesWholeMultiplesOf8) {
+  std::mt19937_64 rng(23);
+  const WeightMatrix w = random_fp8("w", 256, 1024, rng);
+  Fp8Linear gpu(w);
+  const int64_t n = gpu.out_features(), k = gpu.in_features();
+  LinearWorkspace ws({gpu.needs(40)});
+  // m, rows cuBLASLt takes with cublas_from = 16 and small_m_max = 32
+  for (const auto& [m, lt_rows] : std::vector<std::pair<int, int>>{
+           {8, 0}, {12, 0}, {15, 0}, {16, 16}, {20, 0}, {24, 24}, {31, 0}, {32, 32}, {33, 32}, {40, 40}}) {
+    const std::string at = "m=" + std::to_string(m);
+    DeviceArray<uint16_t> xd(to_bf16(random_activation(m, k, rng)));
+    DeviceAct act(m, k, m);
+    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
+    auto run = [&](const LinearOptions& o) {
+      gpu.set_options(o);
+      DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m) * size_t(n), kPoison16));
+      gpu.forward(Fp8Act(act.out()), y.get(), n, ws, nullptr);
+      sync();
+      return y.download();
+    };
+    LinearOptions from16;
+    from16.cublas_from = 16;
+    const std::vector<uint16_t> y = run(from16);
+    const LinearRoute route = gpu.last_route();
+    EXPECT_EQ(route.cublas_rows, lt_rows) << at << ": " << route.note;
+    EXPECT_EQ(route.kernel_rows, m - lt_rows) << at;
+    LinearOptions same_path;  // the path that should have run, alone
+    same_path.path = lt_rows == m ? LinearPath::kCublas : (lt_rows == 0 ? LinearPath::kSmallM : LinearPath::kAuto);
+    EXPECT_TRUE(y == run(same_path)) << at << ": not the bits of the path that took the rows";
+  }
+}
+
 // ---- wo_a ---------------------------------------------------------------------------
 
 // Runs wo_a (G groups of [n_g, k_g]) at every m on each variant: y against
