@@ -19,7 +19,8 @@
 // Inputs live only on the device (random codes, realistic scales); calls
 // rotate over enough copies of the keys to exceed the 50 MB L2 where the
 // keys of one call are smaller ("L2" marks the cases that still fit).
-// Usage: indexer_bench [--quick] [--format mxfp4|fp8] [--topk N]
+// Usage: indexer_bench [--quick] [--format mxfp4|fp8] [--topk N] [--tokens T]
+//                      [--context C]   (the last two keep only the cases of that T / context)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -207,13 +208,17 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::vector<dsv4::IndexKeyFormat> formats = {dsv4::IndexKeyFormat::kMxfp4, dsv4::IndexKeyFormat::kFp8};
   std::vector<int> topks = {512, 1024};
+  int only_tokens = 0;
+  int64_t only_context = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--format" && i + 1 < argc) formats = {dsv4::parse_index_key_format(argv[++i])};
     else if (a == "--topk" && i + 1 < argc) topks = {std::atoi(argv[++i])};
+    else if (a == "--tokens" && i + 1 < argc) only_tokens = std::atoi(argv[++i]);
+    else if (a == "--context" && i + 1 < argc) only_context = std::atoll(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--format mxfp4|fp8] [--topk N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--format mxfp4|fp8] [--topk N] [--tokens T] [--context C]\n", argv[0]);
       return 2;
     }
   }
@@ -224,6 +229,13 @@ int main(int argc, char** argv) {
       {"prefill 8K first", 8192, 8192, true}, {"prefill 64K last", 8192, 65536, true},
       {"prefill 1M last", 8192, 1048576, true}};
   if (quick) cases = {cases[5], cases[8], cases[10]};
+  std::erase_if(cases, [&](const Case& c) {
+    return (only_tokens > 0 && c.tokens != only_tokens) || (only_context > 0 && c.context != only_context);
+  });
+  if (cases.empty()) {
+    std::fprintf(stderr, "no case has --tokens %d --context %lld\n", only_tokens, static_cast<long long>(only_context));
+    return 2;
+  }
   cudaStream_t s;
   CHECK(cudaStreamCreate(&s));
   for (dsv4::IndexKeyFormat f : formats) {

@@ -20,7 +20,8 @@ namespace {
 constexpr int kBits = 8;  // 32 lanes x 8 bins in radix_find
 constexpr int kStageKeys = kFinalizeStageKeys;
 // A list costs two dependent loads (its count, then its keys): the CTA's
-// warps take one list each, and a lane loads kBatch keys before using any.
+// warps take one list each, and a lane loads kBatch keys (or, from sorted
+// lists, the first keys of kBatch lists) before using any.
 constexpr int kWarps = kFinalizeThreads / 32;
 constexpr int kBatch = 8;
 // Candidates the sort takes at once (two per thread); the best k fit.
@@ -68,6 +69,32 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   // f(key) for every key >= lo of the lists (0 for the others and for a
   // lane past a list's end: whole warps call f, as warp_append needs).
   auto each_listed = [&](auto&& f) {
+    if (bounded) {
+      // Sorted lists (write_lists): the keys >= lo are a prefix. A warp reads
+      // the first 32 keys of kBatch lists at once, and reads on in a list
+      // only while a whole chunk of it passes.
+      for (int s0 = warp; s0 < lists; s0 += kWarps * kBatch) {
+        uint64_t v[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const int s = s0 + kWarps * b;
+          v[b] = s < lists && lane < counts[s] ? ws.list_keys[list_of(s) * ws.list_stride + lane] : 0;
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          f(v[b] >= lo ? v[b] : 0);
+          const int s = s0 + kWarps * b;
+          if (s >= lists || __shfl_sync(0xffffffffu, v[b], 31) < lo) continue;  // uniform
+          const uint64_t* keys = ws.list_keys + list_of(s) * ws.list_stride;
+          for (int i0 = 32; i0 < counts[s]; i0 += 32) {
+            const uint64_t w = i0 + lane < counts[s] ? keys[i0 + lane] : 0;
+            f(w >= lo ? w : 0);
+            if (__shfl_sync(0xffffffffu, w, 31) < lo) break;
+          }
+        }
+      }
+      return;
+    }
     for (int s = warp; s < lists; s += kWarps) {
       const int64_t l = list_of(s);
       const int c = counts[s];

@@ -91,13 +91,28 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) 
   // (then nothing is scored and every token gets an empty selection).
   const bool fits = total_units <= ws.max_units && total_lists <= ws.max_lists;
   for (int i = g0; i < g; ++i) {
-    Group& gr = ws.groups[i];
+    // A copy in registers: through a reference into global memory, every
+    // unit store below (which may alias it) reloaded the group, and one
+    // thread writes all 128 units of a long-context decode token (the plan
+    // of one token at 64K context took 33 us that way, 7 us now: run M4 in
+    // docs/perf-notes.md).
+    Group gr = ws.groups[i];
     const int s = fits ? int(units_of(gr)) : 0;
     gr.units = s;
     gr.unit_base = int(unit_base);
     gr.list_base = int(list_base);
-    for (int k = 0; k < s; ++k)
-      ws.units[unit_base + k] = Unit{i, int(int64_t(gr.tiles) * k / s), int(int64_t(gr.tiles) * (k + 1) / s), k};
+    ws.groups[i] = gr;
+    // Unit k takes tiles [floor(tiles k / s), floor(tiles (k + 1) / s)),
+    // stepped without a division per unit: tiles = q s + r.
+    const int q = s > 0 ? gr.tiles / s : 0, r = s > 0 ? gr.tiles % s : 0;
+    int begin = 0, frac = 0;  // floor(tiles k / s) and (r k) mod s
+    for (int k = 0; k < s; ++k) {
+      int end = begin + q;
+      frac += r;
+      if (frac >= s) frac -= s, ++end;
+      ws.units[unit_base + k] = Unit{i, begin, end, k};
+      begin = end;
+    }
     unit_base += s;
     list_base += int64_t(s) * gr.count;
   }

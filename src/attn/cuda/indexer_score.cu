@@ -34,8 +34,11 @@
 //  4. appends keys better than the token's threshold to the warpgroup's
 //     candidate buffer; a full buffer is cut to the best k (radix select),
 //     which raises the threshold.
+// A group of one token (decode) takes its tiles two at a time, one wgmma
+// chain each, so that two chains are in flight as with two tokens.
 // At the unit's end the two warpgroups' candidates are cut to the best k
-// per token and written as the unit's list.
+// per token and written as the unit's list (sorted best first when the
+// group's lists carry bounds, see indexer_select_internal.cuh).
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -52,12 +55,13 @@ namespace {
 constexpr int kConsumers = 2;
 constexpr int kStages = 4;                     // tiles in flight per warpgroup
 constexpr int kBufCap = 1536;                  // candidates per (warpgroup, token)
-constexpr int kCompactAt = kBufCap - kTileKeys;  // cut when a tile more might not fit
 constexpr int kBufPerThread = kBufCap / 128;     // keys per thread when a warpgroup cuts
 constexpr int kMergePerThread = kConsumers * kBufCap / kScoreThreads;
+constexpr int kSortPerThread = 4;  // a list of up to 4 * 256 = kIndexerMaxTopk keys sorted in write_lists
 constexpr int kQTileBytes = kHeads * 128;      // one token's query heads, 128 bytes each
 static_assert(kBufCap % 128 == 0 && (kConsumers * kBufCap) % kScoreThreads == 0, "buffer split");
-static_assert(kBufCap - kTileKeys >= kIndexerMaxTopk, "a cut must leave room");
+static_assert(kBufCap - 2 * kTileKeys >= kIndexerMaxTopk, "a cut must leave room for a step");
+static_assert(kSortPerThread * kScoreThreads >= kIndexerMaxTopk && kBufCap >= kIndexerMaxTopk, "write_lists' sort");
 
 template <bool kFp8>
 constexpr int stage_bytes() {
@@ -127,9 +131,17 @@ struct Smem {
   }
   template <bool kFp8>
   __device__ uint8_t* stage(int wg, int s) const {
-    return base + kOffStage + (wg * kStages + s) * stage_bytes<kFp8>();
+    if (s < kStages) return base + kOffStage + (wg * kStages + s) * stage_bytes<kFp8>();
+    return reinterpret_cast<uint8_t*>(buf<kFp8>(wg, 1)) + (s - kStages) * stage_bytes<kFp8>();
   }
 };
+// A one-token group takes its tiles in pairs (consume) and keeps more of
+// them in flight: its stages kStages and up lie in the warpgroup's candidate
+// buffers of tokens 1 .. 3, which such a group does not use.
+constexpr int kSoloStages = 2 * kStages;
+static_assert((kSoloStages - kStages) * stage_bytes<true>() <= (kGroupTokens - 1) * kBufCap * 8 &&
+                  (kSoloStages - kStages) * stage_bytes<false>() <= (kGroupTokens - 1) * kBufCap * 8,
+              "solo stages in the unused buffers");
 
 // Byte offset of 16-byte chunk c of row r in a 128-byte-row tile with the
 // 128B swizzle wgmma expects (8-row atoms of 1024 bytes).
@@ -321,10 +333,11 @@ __device__ __forceinline__ void tile_epilogue(const Acc (&acc)[32], const uint32
   s1 = indexer_finish(p1);
 }
 
-// The exact scalar path for one tile: the CPU twin's arithmetic per (token, key).
+// The exact scalar path for one tile: the CPU twin's arithmetic per (token,
+// key), into the score slots slot0 + token.
 template <bool kFp8>
 __device__ void tile_exact(const IndexerSelectParams& p, const Smem& s, const uint8_t* stage, int wg, int wt, int G,
-                           int64_t j0) {
+                           int64_t j0, int slot0) {
   constexpr int kCode = kFp8 ? kIndexDim : kIndexDim / 2;
   const Misc* m = s.misc<kFp8>();
   for (int pair = wt; pair < G * kTileKeys; pair += 128) {
@@ -344,50 +357,76 @@ __device__ void tile_exact(const IndexerSelectParams& p, const Smem& s, const ui
         v = indexer_mxfp4_dot(qc, qs, kc, ks);
       hs.add(h, indexer_term(v, p.queries.weights[e0 + h]));
     }
-    s.scores<kFp8>(wg, tl)[r] = indexer_finish(hs.total());
+    s.scores<kFp8>(wg, slot0 + tl)[r] = indexer_finish(hs.total());
   }
 }
 
 __device__ __forceinline__ void wg_sync(int wg) { bar_sync(1 + wg, 128); }
 
-// ---- one tile of a warpgroup ---------------------------------------------------------
-// kG: the group's tokens, a template parameter so that no branch depends on
-// it while a wgmma chain is in flight (ptxas would serialize the chains).
-template <bool kFp8, int kG>
-__device__ void score_tile(const IndexerSelectParams& p, const Smem& s, const uint8_t* stage, int wg, int64_t j0,
-                           int n_max) {
+// ---- the tiles of one step of a warpgroup --------------------------------------------
+// kG tokens x kT tiles (kT = 2 only for one token): kG * kT wgmma chains, the
+// scores of chain c = (token c, or tile c when kT = 2) into score slot c.
+// kG and kT are template parameters so that no branch depends on them while
+// a wgmma chain is in flight (ptxas would serialize the chains). A tile whose
+// j0 is n_max or more has no visible key (its stage is not read for scores).
+template <bool kFp8, int kG, int kT>
+__device__ void score_tiles(const IndexerSelectParams& p, const Smem& s, const uint8_t* const (&stage)[kT], int wg,
+                            const int64_t (&j0)[kT], int n_max) {
+  static_assert(kT == 1 || kG == 1, "pairs of tiles for one token only");
   constexpr int kCode = kFp8 ? kIndexDim : kIndexDim / 2;
+  constexpr int kChains = kG * kT;
   const int wt = threadIdx.x & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, q = lane & 3;
   const int r0 = 16 * warp + g, r1 = r0 + 8;
   const Misc* m = s.misc<kFp8>();
-  const bool valid0 = j0 + r0 < n_max, valid1 = j0 + r1 < n_max;
-  // This lane's 32 elements of each of its two rows (bytes 16 q.. of an MXFP4
-  // row = block q; bytes 32 q.. of an FP8 row) and the rows' scales.
-  uint32_t w0[kFp8 ? 8 : 4], w1[kFp8 ? 8 : 4];
+  uint32_t a[kT][4][4];  // A fragments: k-step st takes word st (MXFP4: 8 codes) or words 2 st, 2 st + 1 (FP8)
+  float kscale0[kT], kscale1[kT];
+  bool ok = true;
 #pragma unroll
-  for (int i = 0; i < (kFp8 ? 2 : 1); ++i) {
-    const uint4 a = *reinterpret_cast<const uint4*>(stage + r0 * kCode + (kFp8 ? 32 : 16) * q + 16 * i);
-    const uint4 b = *reinterpret_cast<const uint4*>(stage + r1 * kCode + (kFp8 ? 32 : 16) * q + 16 * i);
-    w0[4 * i] = a.x, w0[4 * i + 1] = a.y, w0[4 * i + 2] = a.z, w0[4 * i + 3] = a.w;
-    w1[4 * i] = b.x, w1[4 * i + 1] = b.y, w1[4 * i + 2] = b.z, w1[4 * i + 3] = b.w;
-  }
-  const uint32_t sc0 = *reinterpret_cast<const uint32_t*>(stage + kTileKeys * kCode + r0 * kIndexerScaleBytes);
-  const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(stage + kTileKeys * kCode + r1 * kIndexerScaleBytes);
-  int ek0 = 0, ek1 = 0, shift0 = 0, shift1 = 0;
-  bool ok;
-  if constexpr (kFp8) {
-    const bool ok0 = fp8_scale_ok(__uint_as_float(sc0), ek0), ok1 = fp8_scale_ok(__uint_as_float(sc1), ek1);
-    ok = (!valid0 | ok0) & (!valid1 | ok1);
-  } else {
-    // Which blocks of the two rows hold a nonzero code: lanes 4 g .. 4 g + 3 hold blocks 0..3.
-    const uint32_t nz0 = __ballot_sync(0xffffffffu, nonzero_e2m1(w0[0] | w0[1] | w0[2] | w0[3]) != 0);
-    const uint32_t nz1 = __ballot_sync(0xffffffffu, nonzero_e2m1(w1[0] | w1[1] | w1[2] | w1[3]) != 0);
-    const Fold f0 = mxfp4_fold(sc0, (nz0 >> (4 * g)) & 0xfu), f1 = mxfp4_fold(sc1, (nz1 >> (4 * g)) & 0xfu);
-    ek0 = f0.emin - 1;
-    ek1 = f1.emin - 1;
-    shift0 = f0.shift[q];
-    shift1 = f1.shift[q];
-    ok = (!valid0 | f0.ok) & (!valid1 | f1.ok);
+  for (int u = 0; u < kT; ++u) {
+    const bool valid0 = j0[u] + r0 < n_max, valid1 = j0[u] + r1 < n_max;
+    // This lane's 32 elements of each of its two rows (bytes 16 q.. of an
+    // MXFP4 row = block q; bytes 32 q.. of an FP8 row) and the rows' scales.
+    uint32_t w0[kFp8 ? 8 : 4], w1[kFp8 ? 8 : 4];
+#pragma unroll
+    for (int i = 0; i < (kFp8 ? 2 : 1); ++i) {
+      const uint4 x = *reinterpret_cast<const uint4*>(stage[u] + r0 * kCode + (kFp8 ? 32 : 16) * q + 16 * i);
+      const uint4 y = *reinterpret_cast<const uint4*>(stage[u] + r1 * kCode + (kFp8 ? 32 : 16) * q + 16 * i);
+      w0[4 * i] = x.x, w0[4 * i + 1] = x.y, w0[4 * i + 2] = x.z, w0[4 * i + 3] = x.w;
+      w1[4 * i] = y.x, w1[4 * i + 1] = y.y, w1[4 * i + 2] = y.z, w1[4 * i + 3] = y.w;
+    }
+    const uint32_t sc0 = *reinterpret_cast<const uint32_t*>(stage[u] + kTileKeys * kCode + r0 * kIndexerScaleBytes);
+    const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(stage[u] + kTileKeys * kCode + r1 * kIndexerScaleBytes);
+    int ek0 = 0, ek1 = 0, shift0 = 0, shift1 = 0;
+    if constexpr (kFp8) {
+      const bool ok0 = fp8_scale_ok(__uint_as_float(sc0), ek0), ok1 = fp8_scale_ok(__uint_as_float(sc1), ek1);
+      ok = ok & (!valid0 | ok0) & (!valid1 | ok1);
+    } else {
+      // Which blocks of the two rows hold a nonzero code: lanes 4 g .. 4 g + 3 hold blocks 0..3.
+      const uint32_t nz0 = __ballot_sync(0xffffffffu, nonzero_e2m1(w0[0] | w0[1] | w0[2] | w0[3]) != 0);
+      const uint32_t nz1 = __ballot_sync(0xffffffffu, nonzero_e2m1(w1[0] | w1[1] | w1[2] | w1[3]) != 0);
+      const Fold f0 = mxfp4_fold(sc0, (nz0 >> (4 * g)) & 0xfu), f1 = mxfp4_fold(sc1, (nz1 >> (4 * g)) & 0xfu);
+      ek0 = f0.emin - 1;
+      ek1 = f1.emin - 1;
+      shift0 = f0.shift[q];
+      shift1 = f1.shift[q];
+      ok = ok & (!valid0 | f0.ok) & (!valid1 | f1.ok);
+    }
+#pragma unroll
+    for (int st = 0; st < 4; ++st) {
+      if constexpr (kFp8) {
+        a[u][st][0] = w0[2 * st];
+        a[u][st][1] = w1[2 * st];
+        a[u][st][2] = w0[2 * st + 1];
+        a[u][st][3] = w1[2 * st + 1];
+      } else {
+        a[u][st][0] = e2m1x4_to_s8(w0[st] & 0xffffu, shift0);
+        a[u][st][1] = e2m1x4_to_s8(w1[st] & 0xffffu, shift1);
+        a[u][st][2] = e2m1x4_to_s8(w0[st] >> 16, shift0);
+        a[u][st][3] = e2m1x4_to_s8(w1[st] >> 16, shift1);
+      }
+    }
+    kscale0[u] = exp2_int(ek0);
+    kscale1[u] = exp2_int(ek1);
   }
   // Warpgroup-wide: any key outside the fast path's range? (Also a barrier.)
   uint32_t bad;
@@ -396,58 +435,45 @@ __device__ void score_tile(const IndexerSelectParams& p, const Smem& s, const ui
       : "=r"(bad)
       : "r"(uint32_t(ok)), "r"(1 + wg)
       : "memory");
-  // A fragments: k-step st takes word st (MXFP4: 8 codes) or words 2 st, 2 st + 1 (FP8).
-  uint32_t a[4][4];
-#pragma unroll
-  for (int st = 0; st < 4; ++st) {
-    if constexpr (kFp8) {
-      a[st][0] = w0[2 * st];
-      a[st][1] = w1[2 * st];
-      a[st][2] = w0[2 * st + 1];
-      a[st][3] = w1[2 * st + 1];
-    } else {
-      a[st][0] = e2m1x4_to_s8(w0[st] & 0xffffu, shift0);
-      a[st][1] = e2m1x4_to_s8(w1[st] & 0xffffu, shift1);
-      a[st][2] = e2m1x4_to_s8(w0[st] >> 16, shift0);
-      a[st][3] = e2m1x4_to_s8(w1[st] >> 16, shift1);
-    }
-  }
   // Materialize the fragments here: left to the scheduler, the conversions
   // sink between the wgmmas and ptxas must insert fences there.
 #pragma unroll
-  for (int st = 0; st < 4; ++st)
+  for (int u = 0; u < kT; ++u)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[st][i]));
-  const float kscale0 = exp2_int(ek0), kscale1 = exp2_int(ek1);
+    for (int st = 0; st < 4; ++st)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[u][st][i]));
   const uint32_t qbase = smem_u32(s.base + kOffQ);
-  // Token tl + 1's chain runs while token tl's epilogue does (two accumulator sets).
+  // Chain c + 1 runs while chain c's epilogue does (two accumulator sets).
   using Acc = std::conditional_t<kFp8, float, uint32_t>;
   Acc acc0[32], acc1[32];
-  auto issue = [&](int tl, Acc(&acc)[32]) {
+  auto issue = [&](int c, Acc(&acc)[32]) {
+    const int tl = kT == 1 ? c : 0, u = kT == 1 ? 0 : c;
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] = Acc(0);  // overwritten (scale-d 0)
     const uint64_t db = sw128_desc(qbase + tl * kQTileBytes, 16, 1024);
     wgmma_fence();
     if constexpr (kFp8) {
-      wgmma_e4m3_rs<0>(acc, a[0], db);
-      wgmma_e4m3_rs<1>(acc, a[1], db + 2);  // + 32 bytes per k-step (descriptor units of 16)
-      wgmma_e4m3_rs<1>(acc, a[2], db + 4);
-      wgmma_e4m3_rs<1>(acc, a[3], db + 6);
+      wgmma_e4m3_rs<0>(acc, a[u][0], db);
+      wgmma_e4m3_rs<1>(acc, a[u][1], db + 2);  // + 32 bytes per k-step (descriptor units of 16)
+      wgmma_e4m3_rs<1>(acc, a[u][2], db + 4);
+      wgmma_e4m3_rs<1>(acc, a[u][3], db + 6);
     } else {
-      wgmma_s8_rs<0>(acc, a[0], db);
-      wgmma_s8_rs<1>(acc, a[1], db + 2);
-      wgmma_s8_rs<1>(acc, a[2], db + 4);
-      wgmma_s8_rs<1>(acc, a[3], db + 6);
+      wgmma_s8_rs<0>(acc, a[u][0], db);
+      wgmma_s8_rs<1>(acc, a[u][1], db + 2);
+      wgmma_s8_rs<1>(acc, a[u][2], db + 4);
+      wgmma_s8_rs<1>(acc, a[u][3], db + 6);
     }
     wgmma_commit();
   };
   issue(0, acc0);
 #pragma unroll
-  for (int tl = 0; tl < kG; ++tl) {
-    Acc(&cur)[32] = (tl & 1) ? acc1 : acc0;
-    if (tl + 1 < kG) {
-      issue(tl + 1, (tl & 1) ? acc0 : acc1);
-      wgmma_wait<1>();  // token tl's chain is done, tl + 1's may run on
+  for (int c = 0; c < kChains; ++c) {
+    const int tl = kT == 1 ? c : 0, u = kT == 1 ? 0 : c;
+    Acc(&cur)[32] = (c & 1) ? acc1 : acc0;
+    if (c + 1 < kChains) {
+      issue(c + 1, (c & 1) ? acc0 : acc1);
+      wgmma_wait<1>();  // chain c is done, c + 1 may run on
     } else {
       wgmma_wait<0>();
     }
@@ -456,16 +482,17 @@ __device__ void score_tile(const IndexerSelectParams& p, const Smem& s, const ui
     tile_epilogue(cur, s.wpairs<kFp8>() + (tl * 4 + q) * 8, s0, s1);
     // Every lane of the quad holds both scores: all store (no divergent
     // branch while the next chain is in flight).
-    float* out = s.scores<kFp8>(wg, tl);
-    out[r0] = __fmul_rn(s0, kscale0);
-    out[r1] = __fmul_rn(s1, kscale1);
+    float* out = s.scores<kFp8>(wg, c);
+    out[r0] = __fmul_rn(s0, kscale0[u]);
+    out[r1] = __fmul_rn(s1, kscale1[u]);
   }
   // A key or token outside the fast path's range: the exact path overwrites
   // the tile's scores. (After the chains, not around them: a wgmma under a
   // data-dependent branch makes ptxas serialize the chains.)
   if (bad || !m->all_ok) {
     wg_sync(wg);  // the fast path's stores land first
-    tile_exact<kFp8>(p, s, stage, wg, wt, kG, j0);
+#pragma unroll
+    for (int u = 0; u < kT; ++u) tile_exact<kFp8>(p, s, stage[u], wg, wt, kG, j0[u], u);
   }
 }
 
@@ -495,44 +522,64 @@ __device__ void compact(const Smem& s, int wg, int tl, int k) {
   wg_sync(wg);
 }
 
-// A warpgroup's tiles of the unit: tile_begin + wg, + 2, ...
+// A warpgroup's tiles of the unit: tile_begin + wg, + 2, ... A one-token
+// group takes them two at a time (two wgmma chains in flight, half the
+// barriers per tile and every thread in the append), with kSoloStages in
+// flight: alone, a token's tile is a short chain of dependent steps. An odd
+// last tile (the only one at short context) is scored alone.
 template <bool kFp8, bool kSelect, int kG>
 __device__ void consume(const IndexerSelectParams& p, const Smem& s, const Group& gr, const Unit& un) {
+  constexpr int kT = kG == 1 ? 2 : 1;  // tiles per step
+  constexpr int kS = kG == 1 ? kSoloStages : kStages;
   const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127, lane = wt & 31;
   Misc* m = s.misc<kFp8>();
-  constexpr int G = kG;
   int n_max = 0;
-  for (int tl = 0; tl < G; ++tl) n_max = max(n_max, m->tok_n[tl]);
+  for (int tl = 0; tl < kG; ++tl) n_max = max(n_max, m->tok_n[tl]);
   const int first = un.tile_begin + wg;
   const int mine = first < un.tile_end ? (un.tile_end - first + 1) / 2 : 0;
   auto tile_of = [&](int i) { return first + 2 * i; };
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < mine) issue_tile<kFp8>(tile_ref(p, gr.run, tile_of(i)), s.stage<kFp8>(wg, i % kStages), n_max, wt, p.queries.codes);
+  auto issue = [&](int i) {  // one commit group per tile, empty past the last
+    if (i < mine) issue_tile<kFp8>(tile_ref(p, gr.run, tile_of(i)), s.stage<kFp8>(wg, i % kS), n_max, wt, p.queries.codes);
     cp_async_commit();
-  }
-  for (int i = 0; i < mine; ++i) {
-    const int ahead = i + kStages - 1;
-    if (ahead < mine) issue_tile<kFp8>(tile_ref(p, gr.run, tile_of(ahead)), s.stage<kFp8>(wg, ahead % kStages), n_max, wt,
-                       p.queries.codes);
-    cp_async_commit();
-    cp_async_wait_group<kStages - 1>();  // this thread's copies of tile i have landed
-    wg_sync(wg);                         // and everyone's
-    const TileRef ref = tile_ref(p, gr.run, tile_of(i));
-    if (ref.page == nullptr) continue;   // no page: no keys (uniform)
-    score_tile<kFp8, kG>(p, s, s.stage<kFp8>(wg, i % kStages), wg, ref.j0, n_max);
+  };
+  for (int i = 0; i < kS - kT; ++i) issue(i);
+  for (int i = 0; i < mine; i += kT) {
+#pragma unroll
+    for (int u = 0; u < kT; ++u) issue(i + kS - kT + u);
+    cp_async_wait_group<kS - kT>();  // this thread's copies of tiles i .. i + kT - 1 have landed
+    wg_sync(wg);                     // and everyone's
+    const uint8_t* stage[kT];
+    int64_t j0[kT];
+    bool any = false;
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      const TileRef ref = i + u < mine ? tile_ref(p, gr.run, tile_of(i + u)) : TileRef{nullptr, 0};
+      stage[u] = s.stage<kFp8>(wg, (i + u) % kS);
+      j0[u] = ref.page != nullptr ? ref.j0 : int64_t(n_max);  // no page: no keys
+      any |= ref.page != nullptr;
+    }
+    if (!any) continue;  // uniform
+    if (kT == 2 && i + 1 == mine) {  // an odd last tile alone: no second chain for nothing
+      const uint8_t* const one[1] = {stage[0]};
+      const int64_t j1[1] = {j0[0]};
+      score_tiles<kFp8, 1, 1>(p, s, one, wg, j1, n_max);
+    } else {
+      score_tiles<kFp8, kG, kT>(p, s, stage, wg, j0, n_max);
+    }
     wg_sync(wg);  // scores visible
     if constexpr (kSelect) {
-      for (int base = 0; base < G * kTileKeys; base += 128) {
-        const int pair = base + wt, tl = min(pair / kTileKeys, kGroupTokens - 1), r = pair % kTileKeys;
-        const int64_t j = ref.j0 + r;
-        bool take = pair < G * kTileKeys && j < m->tok_n[tl];
-        const uint64_t key = take ? indexer_order_key(s.scores<kFp8>(wg, tl)[r], j) : 0;
+      for (int base = 0; base < kG * kT * kTileKeys; base += 128) {
+        const int pair = base + wt, c = min(pair / kTileKeys, kGroupTokens - 1), r = pair % kTileKeys;
+        const int tl = kT == 1 ? c : 0;
+        const int64_t j = (c == 0 ? j0[0] : j0[kT - 1]) + r;  // kT = 2: tile c
+        bool take = pair < kG * kT * kTileKeys && j < m->tok_n[tl];
+        const uint64_t key = take ? indexer_order_key(s.scores<kFp8>(wg, c)[r], j) : 0;
         take = take && key > m->tau[wg][tl];
         warp_append(take, key, s.buf<kFp8>(wg, tl), &m->count[wg][tl], lane);  // a warp's pairs share tl
       }
       wg_sync(wg);
-      for (int tl = 0; tl < G; ++tl)
-        if (m->count[wg][tl] > kCompactAt) compact<kFp8>(s, wg, tl, p.topk);
+      for (int tl = 0; tl < kG; ++tl)  // cut when another step might not fit
+        if (m->count[wg][tl] > kBufCap - kT * kTileKeys) compact<kFp8>(s, wg, tl, p.topk);
     }
   }
   cp_async_wait_group<0>();
@@ -562,12 +609,30 @@ __device__ void write_lists(const SelectArgs& a, const Smem& s, const Group& gr,
     };
     const uint64_t kth = n > k ? kth_of(k) : 1;  // fewer than k: keep every key
     const int64_t list = int64_t(gr.list_base) + int64_t(un.split) * gr.count + tl;
-    if (has_list_bounds(gr)) {  // indexer_select_internal.cuh: the m-th best key, m = ceil(k / units)
-      const int need = (k + gr.units - 1) / gr.units;
-      const uint64_t bound = n >= need ? kth_of(need) : 0;
-      if (tid == 0) a.ws.list_bounds[list] = bound;
-    }
     uint64_t* out = a.ws.list_keys + list * a.ws.list_stride;
+    if (has_list_bounds(gr)) {
+      // The list sorted best first, so that finalize reads only its keys at
+      // or above the token's bound, a prefix (indexer_select_internal.cuh);
+      // the bound is then the sorted list's m-th key. Sorted in buf(0, tl),
+      // whose keys every thread holds in registers by the barrier below.
+      uint64_t* sorted = s.buf<kFp8>(0, tl);
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kMergePerThread; ++i)
+        warp_append(keys[i] != 0 && keys[i] >= kth, keys[i], sorted, &m->out_count, lane);
+      __syncthreads();
+      const int kept = m->out_count;
+      bitonic_sort_desc<kScoreThreads, kSortPerThread>(sorted, kept, tid);
+      for (int i = tid; i < kept; i += kScoreThreads) out[i] = sorted[i];
+      if (tid == 0) {
+        const int need = (k + gr.units - 1) / gr.units;  // m = ceil(k / units)
+        a.ws.list_bounds[list] = kept >= need ? sorted[need - 1] : 0;
+        a.ws.list_counts[list] = kept;
+        m->out_count = 0;
+      }
+      __syncthreads();
+      continue;
+    }
 #pragma unroll
     for (int i = 0; i < kMergePerThread; ++i) warp_append(keys[i] != 0 && keys[i] >= kth, keys[i], out, &m->out_count, lane);
     __syncthreads();
@@ -603,10 +668,14 @@ __global__ void __launch_bounds__(kScoreThreads, 1) score_kernel(const SelectArg
   // (compute-sanitizer racecheck reports this pair, and hist(2) / sel[2] in
   // write_lists, as hazards; since the shared accesses are no longer generic,
   // also hist(wg) / sel[wg] in compact, ordered by the warpgroup's named
-  // barrier. Each write_lists pair is ordered by a __syncthreads of all 256
-  // threads, and the same radix_kth under __syncthreads in finalize_kernel
-  // is reported clean: the tool seems to mis-pair barrier 0 once the two
-  // warpgroups have passed different numbers of their named barriers 1 + wg.)
+  // barrier; and in write_lists' sorted lists, the loads of buf(0, tl) into
+  // keys[] against the appends and the sort that rewrite it, and the sort's
+  // last stores against the reads of the sorted list. Each write_lists pair
+  // is ordered by a __syncthreads of all 256 threads, and the same radix_kth
+  // under __syncthreads in finalize_kernel is reported clean: the tool seems
+  // to mis-pair barrier 0 once the two warpgroups have passed different
+  // numbers of their named barriers 1 + wg, as one-token groups with an odd
+  // number of tiles or tiles without pages make them do.)
   while (u < units) {
     load_queries<kFp8>(a.p, s, gr);
     switch (gr.count) {  // uniform: one instantiation per group size

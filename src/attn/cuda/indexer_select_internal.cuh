@@ -17,8 +17,10 @@
 // memory, each of its S lists also records the m-th best key of its unit,
 // m = ceil(k / S) (0 when the unit has fewer than m keys). Every list then
 // holds m keys at or above the smallest bound t, so S * m >= k keys are
-// >= t and the token's k-th best key is >= t: finalize drops every key
-// below t as it reads the lists, once, and selects among the few left.
+// >= t and the token's k-th best key is >= t. Such lists are written
+// sorted best first, so finalize reads of each list only the prefix at or
+// above t (at long context a small part of each list) and selects among
+// the few keys read.
 // Memory: the lists, (4 * units target + max_tokens) * topk keys, fixed at
 // construction whatever the context length (SPEC §9).
 #include <cuda_runtime.h>

@@ -91,27 +91,35 @@ __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_
 }
 
 // Sorts s[0 .. n) descending in place (keys unique but for 0s), over the
-// kThreads threads of the CTA, n <= 2 * kThreads; s has room for n rounded
-// up to a power of two. A bitonic network: each thread holds elements
-// 2 tid and 2 tid + 1, so exchanges less than 64 elements apart run in
-// registers (shuffles, no barrier) and only the wider ones go through
-// shared memory (10 of the 55 stages of 1,024 keys; the network in shared
+// kThreads threads of the CTA, n <= kPer * kThreads; s has room for n
+// rounded up to a power of two (at least kPer). A bitonic network: each
+// thread holds elements kPer tid .. kPer tid + kPer - 1, so exchanges less
+// than 32 kPer elements apart run in registers (within the thread, or
+// shuffles: no barrier) and only the wider ones go through shared memory
+// (10 of the 55 stages of 1,024 keys with kPer = 2; the network in shared
 // memory alone took a barrier per stage).
-template <int kThreads>
+template <int kThreads, int kPer = 2>
 __device__ void bitonic_sort_desc(uint64_t* s, int n, int tid) {
   static_assert(kThreads % 32 == 0, "whole warps");
-  int len = 2;
+  static_assert(kPer >= 2 && (kPer & (kPer - 1)) == 0, "a power of two per thread");
+  constexpr int kWarpSpan = 32 * kPer;  // elements a warp holds
+  int len = kPer;
   while (len < n) len <<= 1;
   for (int i = n + tid; i < len; i += kThreads) s[i] = 0;
   __syncthreads();
-  const int i0 = 2 * tid;
+  const int i0 = kPer * tid;
   const bool live = i0 < len;  // the others hold 0s, exchanged only among themselves
-  uint64_t v[2] = {live ? s[i0] : 0, live ? s[i0 + 1] : 0};
+  uint64_t v[kPer];
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) v[e] = live ? s[i0 + e] : 0;
   for (int size = 2; size <= len; size <<= 1) {
-    if (size > 64) {  // strides of 64 and more: in shared memory, one barrier each
-      if (live) s[i0] = v[0], s[i0 + 1] = v[1];
+    if (size > kWarpSpan) {  // strides of a warp's span and more: in shared memory, one barrier each
+      if (live) {
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) s[i0 + e] = v[e];
+      }
       __syncthreads();
-      for (int stride = size >> 1; stride >= 64; stride >>= 1) {
+      for (int stride = size >> 1; stride >= kWarpSpan; stride >>= 1) {
         for (int i = tid; i < len / 2; i += kThreads) {
           const int lo = ((i & ~(stride - 1)) << 1) | (i & (stride - 1)), hi = lo + stride;
           const uint64_t a = s[lo], b = s[hi];
@@ -119,23 +127,38 @@ __device__ void bitonic_sort_desc(uint64_t* s, int n, int tid) {
         }
         __syncthreads();
       }
-      if (live) v[0] = s[i0], v[1] = s[i0 + 1];  // own elements: no barrier before the next write
-    }
-    for (int stride = size > 64 ? 32 : size >> 1; stride > 1; stride >>= 1) {
+      if (live) {  // own elements: no barrier before the next write
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {  // the partner is element e of lane ^ stride / 2
+        for (int e = 0; e < kPer; ++e) v[e] = s[i0 + e];
+      }
+    }
+    for (int stride = size > kWarpSpan ? kWarpSpan / 2 : size >> 1; stride >= kPer; stride >>= 1) {
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {  // the partner is element e of lane ^ stride / kPer
         const int i = i0 + e;
-        const uint64_t o = __shfl_xor_sync(0xffffffffu, v[e], stride >> 1);
+        const uint64_t o = __shfl_xor_sync(0xffffffffu, v[e], stride / kPer);
         const bool keep_max = ((i & stride) == 0) == ((i & size) == 0);
         if (keep_max != (v[e] > o)) v[e] = o;
       }
     }
-    if ((i0 & size) == 0 ? v[0] < v[1] : v[0] > v[1]) {  // stride 1: within the thread
-      const uint64_t t = v[0];
-      v[0] = v[1], v[1] = t;
+#pragma unroll
+    for (int stride = kPer / 2; stride >= 1; stride >>= 1) {  // within the thread
+      if (stride >= size) continue;
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        if (e & stride) continue;
+        const bool desc = ((i0 + e) & size) == 0;
+        if (desc ? v[e] < v[e + stride] : v[e] > v[e + stride]) {
+          const uint64_t t = v[e];
+          v[e] = v[e + stride], v[e + stride] = t;
+        }
+      }
     }
   }
-  if (live) s[i0] = v[0], s[i0 + 1] = v[1];
+  if (live) {
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) s[i0 + e] = v[e];
+  }
   __syncthreads();
 }
 
