@@ -19,8 +19,11 @@
 // Inputs live only on the device (random codes, realistic scales); calls
 // rotate over enough copies of the keys to exceed the 50 MB L2 where the
 // keys of one call are smaller ("L2" marks the cases that still fit).
+// Decode cases are planned one token per group (IndexerGrouping::
+// kOneTokenPerRun, as the engine's decode steps), prefill chunks by runs;
+// --runs plans every case by runs (the general score kernel).
 // Usage: indexer_bench [--quick] [--format mxfp4|fp8] [--topk N] [--tokens T]
-//                      [--context C]   (the last two keep only the cases of that T / context)
+//                      [--context C] [--runs]   (--tokens / --context keep only the cases of that T / context)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -105,6 +108,7 @@ struct Case {
 // One call's inputs, `rotations` times over disjoint key pages.
 struct World {
   int T = 0, rotations = 1;
+  dsv4::IndexerGrouping grouping = dsv4::IndexerGrouping::kRuns;
   std::vector<dsv4::IndexerSelectParams> params;  // per rotation
   double flops = 0, key_bytes = 0;
   std::vector<void*> owned;
@@ -113,9 +117,10 @@ struct World {
   }
 };
 
-void build(World& w, const Case& c, dsv4::IndexKeyFormat f, int topk, uint64_t seed) {
+void build(World& w, const Case& c, dsv4::IndexKeyFormat f, int topk, bool by_runs, uint64_t seed) {
   const bool fp8 = f == dsv4::IndexKeyFormat::kFp8;
   const int T = c.tokens;
+  w.grouping = c.prefill || by_runs ? dsv4::IndexerGrouping::kRuns : dsv4::IndexerGrouping::kOneTokenPerRun;
   const int runs = c.prefill ? 1 : T;
   std::vector<int32_t> positions(static_cast<size_t>(T));
   std::vector<int32_t> token_run(static_cast<size_t>(T));
@@ -181,15 +186,15 @@ enum class Stage { kCall, kPlan, kPlanScore, kPlanScoreOnly, kFinalize };
 // it is timed after a plan (and the plan alone subtracted); finalize reads the
 // lists the last call left.
 double time_stage(dsv4::IndexerSelectCuda& op, const World& w, Stage stage, int reps, cudaStream_t s) {
-  for (const auto& p : w.params) op.run(p, s);
+  for (const auto& p : w.params) op.run(p, s, w.grouping);
   return dsv4::bench::graph_median_us(s, reps, kTimings, [&](cudaStream_t st) {
     for (int i = 0; i < reps; ++i) {
       const auto& p = w.params[size_t(i % w.rotations)];
       switch (stage) {
-        case Stage::kCall: op.run(p, st); break;
-        case Stage::kPlan: op.plan(p, st); break;
-        case Stage::kPlanScore: op.plan(p, st); op.score(p, st); break;
-        case Stage::kPlanScoreOnly: op.plan(p, st); op.score(p, st, true); break;
+        case Stage::kCall: op.run(p, st, w.grouping); break;
+        case Stage::kPlan: op.plan(p, st, w.grouping); break;
+        case Stage::kPlanScore: op.plan(p, st, w.grouping); op.score(p, st); break;
+        case Stage::kPlanScoreOnly: op.plan(p, st, w.grouping); op.score(p, st, true); break;
         case Stage::kFinalize: op.finalize(p, st); break;
       }
     }
@@ -205,7 +210,7 @@ int reps_for(dsv4::IndexerSelectCuda& op, const World& w, cudaStream_t s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, by_runs = false;
   std::vector<dsv4::IndexKeyFormat> formats = {dsv4::IndexKeyFormat::kMxfp4, dsv4::IndexKeyFormat::kFp8};
   std::vector<int> topks = {512, 1024};
   int only_tokens = 0;
@@ -217,8 +222,10 @@ int main(int argc, char** argv) {
     else if (a == "--topk" && i + 1 < argc) topks = {std::atoi(argv[++i])};
     else if (a == "--tokens" && i + 1 < argc) only_tokens = std::atoi(argv[++i]);
     else if (a == "--context" && i + 1 < argc) only_context = std::atoll(argv[++i]);
+    else if (a == "--runs") by_runs = true;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--format mxfp4|fp8] [--topk N] [--tokens T] [--context C]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--format mxfp4|fp8] [--topk N] [--tokens T] [--context C] [--runs]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -240,12 +247,13 @@ int main(int argc, char** argv) {
   CHECK(cudaStreamCreate(&s));
   for (dsv4::IndexKeyFormat f : formats) {
     for (int topk : topks) {
-      std::printf("\n%s keys, topk %d\n", std::string(dsv4::index_key_format_name(f)).c_str(), topk);
+      std::printf("\n%s keys, topk %d, decode planned %s\n", std::string(dsv4::index_key_format_name(f)).c_str(), topk,
+                  by_runs ? "by runs" : "one token per group");
       std::printf("%-18s %5s %9s %8s %9s %9s %9s %8s %9s %9s %6s %7s\n", "case", "T", "call us", "plan us", "score us",
                   "s-only us", "final us", "TFLOP/s", "key MB", "roof us", "x roof", "top-k %");
       for (const Case& c : cases) {
         World w;
-        build(w, c, f, topk, 1234 + uint64_t(c.tokens) * 7 + uint64_t(c.context));
+        build(w, c, f, topk, by_runs, 1234 + uint64_t(c.tokens) * 7 + uint64_t(c.context));
         dsv4::IndexerSelectCuda op({c.tokens, topk});
         const int reps = reps_for(op, w, s);
         const double call = time_stage(op, w, Stage::kCall, reps, s);

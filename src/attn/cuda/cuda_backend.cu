@@ -336,7 +336,9 @@ class CudaBackend final : public AttentionBackend {
       attention_->plan(first.attention_params(bufs_), stream_, t);
       first.output_rope_table(bufs_);
     }
-    if (indexer_) indexer_->plan(layers_[size_t(first_layer_[int(LayerType::kC4A)])]->indexer_params(bufs_), stream_);
+    if (indexer_)
+      indexer_->plan(layers_[size_t(first_layer_[int(LayerType::kC4A)])]->indexer_params(bufs_), stream_,
+                     bufs_.one_token_per_run ? IndexerGrouping::kOneTokenPerRun : IndexerGrouping::kRuns);
     prologue_done_ = true;
   }
 

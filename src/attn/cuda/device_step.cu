@@ -16,53 +16,66 @@ void check(cudaError_t e, const char* what) {
 }
 
 constexpr int kThreads = 128;
+// Grid-stride kernels: the grid is fixed at capture (capacity-sized work
+// would be paid by every replay), the work comes from the staged header.
+constexpr int kMaxBlocks = 1024;
 
-// Inputs at capacity: token and run arrays, tables re-strided from the
-// staged widths to the capacity widths; padding rows and columns -1 (pages)
-// or 0 (positions, runs), so derived entries of padding read nothing.
+// Inputs at capacity: token and run arrays at their capacity lengths,
+// padding 0 (positions, runs), so derived entries of padding read nothing;
+// the tables' rows of the step's runs re-strided from the staged widths to
+// the capacity widths, columns past the staged width -1. Rows of runs past
+// the step's keep what an earlier step left: no token of this step names
+// them (padding tokens are in run 0).
 __global__ void unpack_kernel(const int32_t* __restrict__ staged, StepView v) {
   const StepDims d = read_step_header(staged);
   const StepLayout in = step_layout(d);
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int T = v.dims.tokens, R = v.dims.runs;
-  if (i < T) {
-    int32_t* pos = const_cast<int32_t*>(v.positions);
-    int32_t* run = const_cast<int32_t*>(v.token_run);
-    pos[i] = i < d.tokens ? staged[in.positions + i] : 0;
-    run[i] = i < d.tokens ? staged[in.token_run + i] : 0;
-  }
-  if (i <= R) {
-    int32_t* begin = const_cast<int32_t*>(v.run_token_begin);
-    begin[i] = i <= d.runs ? staged[in.run_token_begin + i] : d.tokens;
-    if (i < R) {
-      const_cast<int32_t*>(v.run_start)[i] = i < d.runs ? staged[in.run_start + i] : 0;
-      const_cast<int32_t*>(v.run_len)[i] = i < d.runs ? staged[in.run_len + i] : 0;
+  int64_t n = max(T, R + 1);
+  for (int g = 0; g < kNumCacheGroups; ++g) n = max(n, int64_t(d.runs) * v.tables[g].width);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    if (i < T) {
+      const_cast<int32_t*>(v.positions)[i] = i < d.tokens ? staged[in.positions + i] : 0;
+      const_cast<int32_t*>(v.token_run)[i] = i < d.tokens ? staged[in.token_run + i] : 0;
     }
-  }
-  for (int g = 0; g < kNumCacheGroups; ++g) {
-    const BlockTableView& t = v.tables[g];
-    const int w = t.width, ws = d.table_width[g];
-    if (i < R) const_cast<int32_t*>(t.first)[i] = i < d.runs ? staged[in.table_first[g] + i] : 0;
-    if (i < int64_t(R) * w) {
-      const int64_t r = i / w, col = i % w;
-      const_cast<int32_t*>(t.pages)[i] = r < d.runs && col < ws ? staged[in.table_pages[g] + r * ws + col] : -1;
+    if (i <= R) {
+      const_cast<int32_t*>(v.run_token_begin)[i] = i <= d.runs ? staged[in.run_token_begin + i] : d.tokens;
+      if (i < R) {
+        const_cast<int32_t*>(v.run_start)[i] = i < d.runs ? staged[in.run_start + i] : 0;
+        const_cast<int32_t*>(v.run_len)[i] = i < d.runs ? staged[in.run_len + i] : 0;
+      }
+    }
+    for (int g = 0; g < kNumCacheGroups; ++g) {
+      const BlockTableView& t = v.tables[g];
+      const int w = t.width, ws = d.table_width[g];
+      if (i < R) const_cast<int32_t*>(t.first)[i] = i < d.runs ? staged[in.table_first[g] + i] : 0;
+      if (i < int64_t(d.runs) * w) {
+        const int64_t r = i / w, col = i % w;
+        const_cast<int32_t*>(t.pages)[i] = col < ws ? staged[in.table_pages[g] + r * ws + col] : -1;
+      }
     }
   }
 }
 
-// One block per token: the slots, then the window and C128A lists spread
-// over the block's threads (step/step_layout.h's per-element functions).
+// A block per token (grid-stride): the slots, then the window and C128A
+// lists spread over the block's threads (step/step_layout.h's per-element
+// functions). A list row gets only its first `length` entries: its readers
+// (the attention's IndexList) stop there, and -1 fill to the capacity width
+// cost every step of an engine sized for 1M context (8,192 tokens x 8,192
+// C128A entries) 272 MB of stores.
 __global__ void derive_kernel(const int32_t* __restrict__ staged, StepView v) {
-  const int t = blockIdx.x;
-  const bool real = t < read_step_header(staged).tokens;
-  if (threadIdx.x == 0) {
-    if (real) derive_slots(v, t);
-    else derive_padding_slots(v, t);
+  const int real = read_step_header(staged).tokens;
+  for (int t = blockIdx.x; t < v.dims.tokens; t += gridDim.x) {
+    if (threadIdx.x == 0) {
+      if (t < real) derive_slots(v, t);
+      else derive_padding_slots(v, t);
+    }
+    if (t >= real) continue;  // lengths 0: nothing reads the lists
+    int32_t* win = v.window_indices + int64_t(t) * kWindow;
+    const int wl = window_length(v.positions[t]), cl = c128a_visible(v, t);
+    for (int k = threadIdx.x; k < wl; k += blockDim.x) win[k] = window_entry(v, t, k);
+    int32_t* list = v.c128a_indices + int64_t(t) * v.dims.c128a_width;
+    for (int j = threadIdx.x; j < cl; j += blockDim.x) list[j] = c128a_entry(v, t, j);
   }
-  int32_t* win = v.window_indices + int64_t(t) * kWindow;
-  for (int k = threadIdx.x; k < kWindow; k += blockDim.x) win[k] = real ? window_entry(v, t, k) : -1;
-  int32_t* list = v.c128a_indices + int64_t(t) * v.dims.c128a_width;
-  for (int j = threadIdx.x; j < v.dims.c128a_width; j += blockDim.x) list[j] = real ? c128a_entry(v, t, j) : -1;
 }
 
 __global__ void real_tokens_kernel(const int32_t* __restrict__ staged, int32_t* out) { *out = staged[0]; }
@@ -115,9 +128,10 @@ void DeviceStep::build(CUstream_st* stream) {
   int64_t widest = std::max<int64_t>(capacity_.tokens, capacity_.runs + 1);
   for (int g = 0; g < kNumCacheGroups; ++g)
     widest = std::max<int64_t>(widest, int64_t(capacity_.runs) * capacity_.table_width[g]);
-  unpack_kernel<<<unsigned((widest + kThreads - 1) / kThreads), kThreads, 0, stream>>>(device_staging_, view_);
+  const int64_t unpack_blocks = std::min<int64_t>((widest + kThreads - 1) / kThreads, kMaxBlocks);
+  unpack_kernel<<<unsigned(unpack_blocks), kThreads, 0, stream>>>(device_staging_, view_);
   check(cudaGetLastError(), "unpack kernel");
-  derive_kernel<<<unsigned(capacity_.tokens), kThreads, 0, stream>>>(device_staging_, view_);
+  derive_kernel<<<unsigned(std::min(capacity_.tokens, kMaxBlocks)), kThreads, 0, stream>>>(device_staging_, view_);
   check(cudaGetLastError(), "derive kernel");
   real_tokens_kernel<<<1, 1, 0, stream>>>(device_staging_, device_ + layout_.total);
   check(cudaGetLastError(), "real-tokens kernel");

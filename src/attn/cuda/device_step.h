@@ -11,6 +11,9 @@
 // Rows past the step's real tokens (a decode step padded to a graph's batch
 // size) get slots -1 and lengths 0: they read and write nothing (SPEC §9).
 // Kernels that need the real count read it on the device (real_tokens()).
+// Only what a step's kernels read is written: a window or C128A list row
+// holds its length's entries (the rest of the row, and padding rows' lists,
+// keep older values), and the block tables' rows of the step's runs.
 #include <cstdint>
 #include <memory>
 

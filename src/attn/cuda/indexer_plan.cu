@@ -4,11 +4,15 @@
 //
 // Groups: a token starts a group unless it continues the previous token's
 // run at the next position inside the same aligned block of 4 positions, so
-// a group's tokens see the same keys but for the last one (one more).
+// a group's tokens see the same keys but for the last one (one more). With
+// a.solo every token starts one (the decode kernel's groups).
 // Units: with W = sum over groups of tokens x tiles ("token-tiles", the
 // scoring work), each unit carries about L = ceil(W / target_units) of it,
-// and at least min_unit_tiles tiles (one per warpgroup); a group has at
-// most max_group_units units (finalize merges a token's lists on one CTA).
+// and at least min_unit_tiles tiles, one per warpgroup of the score kernel
+// (so a decode token at 4K context, 16 tiles, scores on four CTAs, and on
+// eight with the general kernel; on one CTA it took 39 us, docs/perf-notes.md);
+// a group has at most max_group_units units (finalize merges a token's lists
+// on one CTA).
 // A group of c tokens and n tiles is cut into
 // S = min(ceil(c n / L), max(1, n / min_unit_tiles), max_group_units)
 // units of consecutive tiles. Then sum S <= target + groups and
@@ -22,9 +26,9 @@
 namespace dsv4::cuda::ix {
 namespace {
 
-__device__ __forceinline__ bool starts_group(const IndexerSelectParams& p, int t, int real) {
+__device__ __forceinline__ bool starts_group(const IndexerSelectParams& p, int t, int real, bool solo) {
   if (t >= real) return false;
-  if (t == 0) return true;
+  if (t == 0 || solo) return true;
   const int64_t a = p.positions[t - 1], b = p.positions[t];
   return p.token_run[t] != p.token_run[t - 1] || b != a + 1 || (a >> 2) != (b >> 2);
 }
@@ -43,7 +47,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) 
 
   // Groups that start in this thread's tokens.
   int64_t starts = 0;
-  for (int t = t0; t < t1; ++t) starts += starts_group(p, t, real);
+  for (int t = t0; t < t1; ++t) starts += starts_group(p, t, real, a.solo);
   int64_t num_groups = 0;
   int g = int(block_exclusive_scan<kPlanThreads>(starts, &num_groups));
   int64_t work = 0;  // token-tiles of this thread's groups
@@ -52,9 +56,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) 
       ws.tokens[t] = TokenRef{-1, 0};
       continue;
     }
-    if (!starts_group(p, t, real)) continue;
+    if (!starts_group(p, t, real, a.solo)) continue;
     int count = 1;
-    while (t + count < real && !starts_group(p, t + count, real)) ++count;
+    while (t + count < real && !starts_group(p, t + count, real, a.solo)) ++count;
     int64_t n = 0;
     for (int i = 0; i < count; ++i) {
       n = max(n, indexer_visible(p.positions[t + i]));
@@ -68,11 +72,12 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) 
   int64_t total_work = 0;
   block_exclusive_scan<kPlanThreads>(work, &total_work);  // (the sum is what matters)
   const int64_t target = ws.target_units;
+  const int min_unit_tiles = a.solo ? kDecodeWarpgroups : kGeneralWarpgroups;
   const int64_t unit_work = max(int64_t(1), (total_work + target - 1) / target);
   auto units_of = [&](const Group& gr) -> int64_t {
     if (gr.tiles == 0) return 0;
     const int64_t by_work = (int64_t(gr.count) * gr.tiles + unit_work - 1) / unit_work;
-    return min(min(by_work, max(int64_t(1), int64_t(gr.tiles) / ws.min_unit_tiles)), int64_t(ws.max_group_units));
+    return min(min(by_work, max(int64_t(1), int64_t(gr.tiles) / min_unit_tiles)), int64_t(ws.max_group_units));
   };
 
   // Units and lists of this thread's groups (the same groups as above).

@@ -1,7 +1,13 @@
 // The indexer's scorer (see indexer_select_internal.cuh): one persistent CTA
-// per multiprocessor, two consumer warpgroups. A unit is a group of up to 4
-// tokens of one run and a range of key tiles; warpgroup w takes the unit's
-// tiles w, w + 2, ...
+// per multiprocessor of kW consumer warpgroups. A unit is a group of tokens
+// of one run and a range of key tiles; warpgroup w takes the unit's tiles
+// w, w + kW, ... Two shapes (Shape below):
+//  * general: 2 warpgroups, groups of up to 4 tokens (any step);
+//  * decode:  4 warpgroups, groups of one token (a plan that groups tokens
+//             one by one, which the host asks for on decode steps). One
+//             wgmma chain per step needs 128 registers or fewer, so the CTA
+//             holds twice the warps: at batch 1 the tile loop is bound by
+//             its instruction stream and latencies, not by the tensor cores.
 //
 // Per tile (64 keys = one page) a warpgroup
 //  1. gathers the page's codes and scales into a shared-memory stage with
@@ -34,11 +40,9 @@
 //  4. appends keys better than the token's threshold to the warpgroup's
 //     candidate buffer; a full buffer is cut to the best k (radix select),
 //     which raises the threshold.
-// A group of one token (decode) takes its tiles two at a time, one wgmma
-// chain each, so that two chains are in flight as with two tokens.
-// At the unit's end the two warpgroups' candidates are cut to the best k
-// per token and written as the unit's list (sorted best first when the
-// group's lists carry bounds, see indexer_select_internal.cuh).
+// At the unit's end the warpgroups' candidates are cut to the best k per
+// token and written as the unit's list (sorted best first when the group's
+// lists carry bounds, see indexer_select_internal.cuh).
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -52,96 +56,69 @@
 namespace dsv4::cuda::ix {
 namespace {
 
-constexpr int kConsumers = 2;
-constexpr int kStages = 4;                     // tiles in flight per warpgroup
-constexpr int kBufCap = 1536;                  // candidates per (warpgroup, token)
-constexpr int kBufPerThread = kBufCap / 128;     // keys per thread when a warpgroup cuts
-constexpr int kMergePerThread = kConsumers * kBufCap / kScoreThreads;
-constexpr int kSortPerThread = 4;  // a list of up to 4 * 256 = kIndexerMaxTopk keys sorted in write_lists
-constexpr int kQTileBytes = kHeads * 128;      // one token's query heads, 128 bytes each
-static_assert(kBufCap % 128 == 0 && (kConsumers * kBufCap) % kScoreThreads == 0, "buffer split");
-static_assert(kBufCap - 2 * kTileKeys >= kIndexerMaxTopk, "a cut must leave room for a step");
-static_assert(kSortPerThread * kScoreThreads >= kIndexerMaxTopk && kBufCap >= kIndexerMaxTopk, "write_lists' sort");
+constexpr int kStages = 4;                 // tiles in flight per warpgroup
+constexpr int kBufCap = 1536;              // candidates per (warpgroup, token)
+constexpr int kBufPerThread = kBufCap / 128;  // keys per thread when a warpgroup cuts
+constexpr int kQTileBytes = kHeads * 128;  // one token's query heads, 128 bytes each
+static_assert(kBufCap % 128 == 0, "buffer split");
+static_assert(kBufCap - kTileKeys >= kIndexerMaxTopk, "a cut must leave room for a step");
 
-template <bool kFp8>
-constexpr int stage_bytes() {
-  return kTileKeys * (indexer_code_bytes(kFp8 ? IndexKeyFormat::kFp8 : IndexKeyFormat::kMxfp4) + kIndexerScaleBytes);
-}
-
-// Shared memory (offsets from a 1024-aligned base).
+// Shared memory of a CTA with kW warpgroups and groups of up to kMaxG tokens.
+template <int kW, int kMaxG>
 struct Misc {
   int unit;
-  int all_ok;                              // every head of every token passes the fast path's checks
+  int all_ok;                        // every head of every token passes the fast path's checks
   int out_count;
-  int tok_t[kGroupTokens];                 // global token index
-  int tok_n[kGroupTokens];                 // visible keys
-  int count[kConsumers][kGroupTokens];     // candidates in each buffer
-  uint64_t tau[kConsumers][kGroupTokens];  // threshold: candidates must beat it (0: none yet)
-  uint32_t sel[kConsumers + 1][2];         // with hist(i): [wg] warpgroup wg's compact, [kConsumers] write_lists
+  int tok_t[kMaxG];                  // global token index
+  int tok_n[kMaxG];                  // visible keys
+  int count[kW][kMaxG];              // candidates in each buffer
+  uint64_t tau[kW][kMaxG];           // threshold: candidates must beat it (0: none yet)
+  uint32_t sel[kW + 1][2];           // with hist(i): [wg] warpgroup wg's compact, [kW] write_lists
 };
-constexpr int kOffQ = 0;
-constexpr int kOffStage = kOffQ + kGroupTokens * kQTileBytes;
-template <bool kFp8>
-constexpr int off_buf() {
-  return kOffStage + kConsumers * kStages * stage_bytes<kFp8>();
-}
-template <bool kFp8>
-constexpr int off_scores() {
-  return off_buf<kFp8>() + kConsumers * kGroupTokens * kBufCap * 8;
-}
-template <bool kFp8>
-constexpr int off_w() {
-  return off_scores<kFp8>() + kConsumers * kGroupTokens * kTileKeys * 4;
-}
-template <bool kFp8>
-constexpr int off_hist() {
-  return off_w<kFp8>() + kGroupTokens * 4 * 8 * 4;  // [token][q][i] bf16x2 head weights
-}
-template <bool kFp8>
-constexpr int off_misc() {
-  return off_hist<kFp8>() + (kConsumers + 1) * 256 * 4;
-}
-template <bool kFp8>
-constexpr int smem_bytes() {
-  return off_misc<kFp8>() + int(sizeof(Misc)) + 1024;  // + room to align the base
-}
-static_assert(smem_bytes<true>() <= 227 * 1024 && smem_bytes<false>() <= 227 * 1024, "one CTA per SM");
 
+// A score kernel's shape: key format, consumer warpgroups, tokens per group;
+// and its shared-memory layout (offsets from a 1024-aligned base).
+template <bool kFp8_, int kW_, int kMaxG_>
+struct Shape {
+  static constexpr bool kFp8 = kFp8_;
+  static constexpr int kW = kW_, kMaxG = kMaxG_, kThreads = 128 * kW_;
+  static constexpr int kStageBytes =
+      kTileKeys * (indexer_code_bytes(kFp8 ? IndexKeyFormat::kFp8 : IndexKeyFormat::kMxfp4) + kIndexerScaleBytes);
+  // write_lists: every buffer's keys over the CTA; a list of up to kIndexerMaxTopk keys sorted.
+  static constexpr int kMergePerThread = kW * kBufCap / kThreads;
+  static constexpr int kSortPerThread = kIndexerMaxTopk / kThreads > 2 ? kIndexerMaxTopk / kThreads : 2;
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffStage = kOffQ + kMaxG * kQTileBytes;
+  static constexpr int kOffBuf = kOffStage + kW * kStages * kStageBytes;
+  static constexpr int kOffScores = kOffBuf + kW * kMaxG * kBufCap * 8;
+  static constexpr int kOffW = kOffScores + kW * kMaxG * kTileKeys * 4;
+  static constexpr int kOffHist = kOffW + kMaxG * 4 * 8 * 4;  // [token][q][i] bf16x2 head weights
+  static constexpr int kOffMisc = kOffHist + (kW + 1) * 256 * 4;
+  static constexpr int kSmemBytes = kOffMisc + int(sizeof(Misc<kW, kMaxG>)) + 1024;  // + room to align the base
+  static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
+  static_assert(kSortPerThread * kThreads >= kIndexerMaxTopk && kBufCap >= kIndexerMaxTopk, "write_lists' sort");
+  static_assert(kMergePerThread * kThreads == kW * kBufCap, "write_lists' merge");
+};
+template <bool kFp8>
+using General = Shape<kFp8, 2, kGroupTokens>;
+template <bool kFp8>
+using Decode = Shape<kFp8, kDecodeWarpgroups, 1>;
+static_assert(General<true>::kW == kGeneralWarpgroups, "the plan's unit size");
+
+template <class C>
 struct Smem {
   uint8_t* base;
-  template <bool kFp8>
   __device__ uint64_t* buf(int wg, int tl) const {
-    return reinterpret_cast<uint64_t*>(base + off_buf<kFp8>()) + (wg * kGroupTokens + tl) * kBufCap;
+    return reinterpret_cast<uint64_t*>(base + C::kOffBuf) + (wg * C::kMaxG + tl) * kBufCap;
   }
-  template <bool kFp8>
   __device__ float* scores(int wg, int tl) const {
-    return reinterpret_cast<float*>(base + off_scores<kFp8>()) + (wg * kGroupTokens + tl) * kTileKeys;
+    return reinterpret_cast<float*>(base + C::kOffScores) + (wg * C::kMaxG + tl) * kTileKeys;
   }
-  template <bool kFp8>
-  __device__ uint32_t* wpairs() const {
-    return reinterpret_cast<uint32_t*>(base + off_w<kFp8>());
-  }
-  template <bool kFp8>
-  __device__ uint32_t* hist(int i) const {
-    return reinterpret_cast<uint32_t*>(base + off_hist<kFp8>()) + 256 * i;
-  }
-  template <bool kFp8>
-  __device__ Misc* misc() const {
-    return reinterpret_cast<Misc*>(base + off_misc<kFp8>());
-  }
-  template <bool kFp8>
-  __device__ uint8_t* stage(int wg, int s) const {
-    if (s < kStages) return base + kOffStage + (wg * kStages + s) * stage_bytes<kFp8>();
-    return reinterpret_cast<uint8_t*>(buf<kFp8>(wg, 1)) + (s - kStages) * stage_bytes<kFp8>();
-  }
+  __device__ uint32_t* wpairs() const { return reinterpret_cast<uint32_t*>(base + C::kOffW); }
+  __device__ uint32_t* hist(int i) const { return reinterpret_cast<uint32_t*>(base + C::kOffHist) + 256 * i; }
+  __device__ Misc<C::kW, C::kMaxG>* misc() const { return reinterpret_cast<Misc<C::kW, C::kMaxG>*>(base + C::kOffMisc); }
+  __device__ uint8_t* stage(int wg, int s) const { return base + C::kOffStage + (wg * kStages + s) * C::kStageBytes; }
 };
-// A one-token group takes its tiles in pairs (consume) and keeps more of
-// them in flight: its stages kStages and up lie in the warpgroup's candidate
-// buffers of tokens 1 .. 3, which such a group does not use.
-constexpr int kSoloStages = 2 * kStages;
-static_assert((kSoloStages - kStages) * stage_bytes<true>() <= (kGroupTokens - 1) * kBufCap * 8 &&
-                  (kSoloStages - kStages) * stage_bytes<false>() <= (kGroupTokens - 1) * kBufCap * 8,
-              "solo stages in the unused buffers");
 
 // Byte offset of 16-byte chunk c of row r in a 128-byte-row tile with the
 // 128B swizzle wgmma expects (8-row atoms of 1024 bytes).
@@ -155,11 +132,10 @@ __device__ __forceinline__ bool weight_ok(float w) {
 }
 
 // The fold of one MXFP4 record from its scale word and which blocks hold a
-// nonzero code: the smallest exponent among those blocks, each block's shift
-// above it, and whether the fast path can take it.
+// nonzero code: the smallest exponent among those blocks and whether the
+// fast path can take it; fold_shift gives each block's shift above it.
 struct Fold {
   int emin;
-  int shift[4];
   bool ok;
 };
 // Written without branches: it feeds the A fragments, and a divergent branch
@@ -183,8 +159,6 @@ __device__ __forceinline__ Fold mxfp4_fold(uint32_t scale_word, uint32_t nonzero
   lo = none ? 1 : lo;
   hi = none ? 1 : hi;
   f.emin = lo;
-#pragma unroll
-  for (int b = 0; b < 4; ++b) f.shift[b] = used[b] ? min(max(e[b] - lo, 0), 3) : 0;
   f.ok = !nan & (hi - lo <= 3) & (lo - 1 >= -kFastExp) & (lo - 1 <= kFastExp);
   return f;
 }
@@ -195,21 +169,28 @@ __device__ __forceinline__ bool fp8_scale_ok(float s, int& exponent) {
   return (u & 0x807fffffu) == 0 && exponent >= -kFastExp && exponent <= kFastExp;
 }
 
+// Block b's shift (b may vary by lane: no array, which would live in local memory).
+__device__ __forceinline__ int fold_shift(const Fold& f, uint32_t scale_word, uint32_t nonzero, int b) {
+  const int e = int((scale_word >> (8 * b)) & 0xffu) - 127;
+  return ((nonzero >> b) & 1u) != 0 ? min(max(e - f.emin, 0), 3) : 0;
+}
+
 __device__ __forceinline__ uint32_t nonzero_e2m1(uint32_t w) { return (w & 0x77777777u) != 0 ? 1u : 0u; }
 
 // ---- the unit's queries --------------------------------------------------------
 // Thread (tl, h) = (tid / 64, tid % 64) writes B row h of token tl: chunk c
 // word qq holds dims 32 qq + 4 c .. + 3 (the permuted K order of the A
-// fragments, see score_tile), and the head's w'' into the weight pairs.
-template <bool kFp8>
-__device__ void load_queries(const IndexerSelectParams& p, const Smem& s, const Group& gr) {
-  Misc* m = s.misc<kFp8>();
+// fragments, see score_tiles), and the head's w'' into the weight pairs.
+template <class C>
+__device__ void load_queries(const IndexerSelectParams& p, const Smem<C>& s, const Group& gr) {
+  constexpr bool kFp8 = C::kFp8;
+  auto* m = s.misc();
   const int tid = threadIdx.x, tl = tid >> 6, h = tid & 63;
   bool ok = true;
-  if (tl < gr.count) {
+  if (tl < min(gr.count, C::kMaxG)) {
     const int t = gr.first + tl;
     const int64_t e = int64_t(t) * kHeads + h;
-    uint8_t* row = s.base + kOffQ + tl * kQTileBytes;
+    uint8_t* row = s.base + C::kOffQ + tl * kQTileBytes;
     int eq = 0;
     if constexpr (kFp8) {
       const uint4* rec = reinterpret_cast<const uint4*>(p.queries.codes + e * kIndexDim);
@@ -245,7 +226,7 @@ __device__ void load_queries(const IndexerSelectParams& p, const Smem& s, const 
         for (int qq = 0; qq < 4; ++qq) {
           // dims 32 qq + 4 c .. + 3: bytes 16 qq + 2 c, + 1 of the record
           const uint32_t word = w[4 * qq + (c >> 1)];
-          o[qq] = e2m1x4_to_s8((c & 1) ? (word >> 16) : (word & 0xffffu), f.shift[qq]);
+          o[qq] = e2m1x4_to_s8((c & 1) ? (word >> 16) : (word & 0xffffu), fold_shift(f, sw, nonzero, qq));
         }
         *reinterpret_cast<uint4*>(row + swz(h, c)) = make_uint4(o[0], o[1], o[2], o[3]);
       }
@@ -253,16 +234,16 @@ __device__ void load_queries(const IndexerSelectParams& p, const Smem& s, const 
     const float w = __ldg(p.queries.weights + e);
     ok = ok && weight_ok(w);
     const float w2 = __fmul_rn(w, exp2_int(min(max(eq, -kFastExp), kFastExp)));  // exact when ok
-    reinterpret_cast<uint16_t*>(s.wpairs<kFp8>())[((tl * 4 + ((h & 7) >> 1)) * 8 + (h >> 3)) * 2 + (h & 1)] =
+    reinterpret_cast<uint16_t*>(s.wpairs())[((tl * 4 + ((h & 7) >> 1)) * 8 + (h >> 3)) * 2 + (h & 1)] =
         bf16_bits(w2);
     if (h == 0) {
       m->tok_t[tl] = t;
       m->tok_n[tl] = int(indexer_visible(p.positions[t]));
     }
   }
-  if (tid < kConsumers * kGroupTokens) {
-    m->count[tid / kGroupTokens][tid % kGroupTokens] = 0;
-    m->tau[tid / kGroupTokens][tid % kGroupTokens] = 0;
+  if (tid < C::kW * C::kMaxG) {
+    m->count[tid / C::kMaxG][tid % C::kMaxG] = 0;
+    m->tau[tid / C::kMaxG][tid % C::kMaxG] = 0;
   }
   fence_proxy_async();  // generic writes of B, read by wgmma (async proxy)
   const int all = __syncthreads_and(ok);
@@ -288,10 +269,10 @@ __device__ __forceinline__ TileRef tile_ref(const IndexerSelectParams& p, int ru
 // Stage layout = the page's: codes of rows 0..63, then their 4 scale bytes.
 // Rows at or beyond n_max are zero filled without a read (`dummy`, any
 // global address, stands in for their source).
-template <bool kFp8>
+template <class C>
 __device__ __forceinline__ void issue_tile(const TileRef& ref, uint8_t* stage, int n_max, int wt, const void* dummy) {
-  constexpr int kCode = kFp8 ? kIndexDim : kIndexDim / 2;
-  constexpr int kChunks = stage_bytes<kFp8>() / 16, kCodeChunks = kTileKeys * kCode / 16;
+  constexpr int kCode = C::kFp8 ? kIndexDim : kIndexDim / 2;
+  constexpr int kChunks = C::kStageBytes / 16, kCodeChunks = kTileKeys * kCode / 16;
   const uint32_t dst = smem_u32(stage);
   for (int c = wt; c < kChunks; c += 128) {
     bool valid = ref.page != nullptr;
@@ -334,12 +315,13 @@ __device__ __forceinline__ void tile_epilogue(const Acc (&acc)[32], const uint32
 }
 
 // The exact scalar path for one tile: the CPU twin's arithmetic per (token,
-// key), into the score slots slot0 + token.
-template <bool kFp8>
-__device__ void tile_exact(const IndexerSelectParams& p, const Smem& s, const uint8_t* stage, int wg, int wt, int G,
-                           int64_t j0, int slot0) {
+// key), into the tokens' score slots.
+template <class C>
+__device__ void tile_exact(const IndexerSelectParams& p, const Smem<C>& s, const uint8_t* stage, int wg, int wt, int G,
+                           int64_t j0) {
+  constexpr bool kFp8 = C::kFp8;
   constexpr int kCode = kFp8 ? kIndexDim : kIndexDim / 2;
-  const Misc* m = s.misc<kFp8>();
+  const auto* m = s.misc();
   for (int pair = wt; pair < G * kTileKeys; pair += 128) {
     const int tl = pair / kTileKeys, r = pair % kTileKeys;
     if (j0 + r >= m->tok_n[tl]) continue;
@@ -357,76 +339,55 @@ __device__ void tile_exact(const IndexerSelectParams& p, const Smem& s, const ui
         v = indexer_mxfp4_dot(qc, qs, kc, ks);
       hs.add(h, indexer_term(v, p.queries.weights[e0 + h]));
     }
-    s.scores<kFp8>(wg, slot0 + tl)[r] = indexer_finish(hs.total());
+    s.scores(wg, tl)[r] = indexer_finish(hs.total());
   }
 }
 
 __device__ __forceinline__ void wg_sync(int wg) { bar_sync(1 + wg, 128); }
 
-// ---- the tiles of one step of a warpgroup --------------------------------------------
-// kG tokens x kT tiles (kT = 2 only for one token): kG * kT wgmma chains, the
-// scores of chain c = (token c, or tile c when kT = 2) into score slot c.
-// kG and kT are template parameters so that no branch depends on them while
-// a wgmma chain is in flight (ptxas would serialize the chains). A tile whose
-// j0 is n_max or more has no visible key (its stage is not read for scores).
-template <bool kFp8, int kG, int kT>
-__device__ void score_tiles(const IndexerSelectParams& p, const Smem& s, const uint8_t* const (&stage)[kT], int wg,
-                            const int64_t (&j0)[kT], int n_max) {
-  static_assert(kT == 1 || kG == 1, "pairs of tiles for one token only");
+// ---- one tile of a warpgroup ----------------------------------------------------------
+// kG tokens' wgmma chains on the tile in `stage` (keys j0 ..), the scores of
+// token tl into score slot tl. kG is a template parameter so that no branch
+// depends on it while a wgmma chain is in flight (ptxas would serialize the
+// chains). n_max: the group's most visible keys (rows at or past it are not
+// read).
+template <class C, int kG>
+__device__ void score_tile(const IndexerSelectParams& p, const Smem<C>& s, const uint8_t* stage, int wg, int64_t j0,
+                           int n_max) {
+  constexpr bool kFp8 = C::kFp8;
   constexpr int kCode = kFp8 ? kIndexDim : kIndexDim / 2;
-  constexpr int kChains = kG * kT;
   const int wt = threadIdx.x & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, q = lane & 3;
   const int r0 = 16 * warp + g, r1 = r0 + 8;
-  const Misc* m = s.misc<kFp8>();
-  uint32_t a[kT][4][4];  // A fragments: k-step st takes word st (MXFP4: 8 codes) or words 2 st, 2 st + 1 (FP8)
-  float kscale0[kT], kscale1[kT];
-  bool ok = true;
+  const auto* m = s.misc();
+  const bool valid0 = j0 + r0 < n_max, valid1 = j0 + r1 < n_max;
+  // This lane's 32 elements of each of its two rows (bytes 16 q.. of an MXFP4
+  // row = block q; bytes 32 q.. of an FP8 row) and the rows' scales.
+  uint32_t w0[kFp8 ? 8 : 4], w1[kFp8 ? 8 : 4];
 #pragma unroll
-  for (int u = 0; u < kT; ++u) {
-    const bool valid0 = j0[u] + r0 < n_max, valid1 = j0[u] + r1 < n_max;
-    // This lane's 32 elements of each of its two rows (bytes 16 q.. of an
-    // MXFP4 row = block q; bytes 32 q.. of an FP8 row) and the rows' scales.
-    uint32_t w0[kFp8 ? 8 : 4], w1[kFp8 ? 8 : 4];
-#pragma unroll
-    for (int i = 0; i < (kFp8 ? 2 : 1); ++i) {
-      const uint4 x = *reinterpret_cast<const uint4*>(stage[u] + r0 * kCode + (kFp8 ? 32 : 16) * q + 16 * i);
-      const uint4 y = *reinterpret_cast<const uint4*>(stage[u] + r1 * kCode + (kFp8 ? 32 : 16) * q + 16 * i);
-      w0[4 * i] = x.x, w0[4 * i + 1] = x.y, w0[4 * i + 2] = x.z, w0[4 * i + 3] = x.w;
-      w1[4 * i] = y.x, w1[4 * i + 1] = y.y, w1[4 * i + 2] = y.z, w1[4 * i + 3] = y.w;
-    }
-    const uint32_t sc0 = *reinterpret_cast<const uint32_t*>(stage[u] + kTileKeys * kCode + r0 * kIndexerScaleBytes);
-    const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(stage[u] + kTileKeys * kCode + r1 * kIndexerScaleBytes);
-    int ek0 = 0, ek1 = 0, shift0 = 0, shift1 = 0;
-    if constexpr (kFp8) {
-      const bool ok0 = fp8_scale_ok(__uint_as_float(sc0), ek0), ok1 = fp8_scale_ok(__uint_as_float(sc1), ek1);
-      ok = ok & (!valid0 | ok0) & (!valid1 | ok1);
-    } else {
-      // Which blocks of the two rows hold a nonzero code: lanes 4 g .. 4 g + 3 hold blocks 0..3.
-      const uint32_t nz0 = __ballot_sync(0xffffffffu, nonzero_e2m1(w0[0] | w0[1] | w0[2] | w0[3]) != 0);
-      const uint32_t nz1 = __ballot_sync(0xffffffffu, nonzero_e2m1(w1[0] | w1[1] | w1[2] | w1[3]) != 0);
-      const Fold f0 = mxfp4_fold(sc0, (nz0 >> (4 * g)) & 0xfu), f1 = mxfp4_fold(sc1, (nz1 >> (4 * g)) & 0xfu);
-      ek0 = f0.emin - 1;
-      ek1 = f1.emin - 1;
-      shift0 = f0.shift[q];
-      shift1 = f1.shift[q];
-      ok = ok & (!valid0 | f0.ok) & (!valid1 | f1.ok);
-    }
-#pragma unroll
-    for (int st = 0; st < 4; ++st) {
-      if constexpr (kFp8) {
-        a[u][st][0] = w0[2 * st];
-        a[u][st][1] = w1[2 * st];
-        a[u][st][2] = w0[2 * st + 1];
-        a[u][st][3] = w1[2 * st + 1];
-      } else {
-        a[u][st][0] = e2m1x4_to_s8(w0[st] & 0xffffu, shift0);
-        a[u][st][1] = e2m1x4_to_s8(w1[st] & 0xffffu, shift1);
-        a[u][st][2] = e2m1x4_to_s8(w0[st] >> 16, shift0);
-        a[u][st][3] = e2m1x4_to_s8(w1[st] >> 16, shift1);
-      }
-    }
-    kscale0[u] = exp2_int(ek0);
-    kscale1[u] = exp2_int(ek1);
+  for (int i = 0; i < (kFp8 ? 2 : 1); ++i) {
+    const uint4 x = *reinterpret_cast<const uint4*>(stage + r0 * kCode + (kFp8 ? 32 : 16) * q + 16 * i);
+    const uint4 y = *reinterpret_cast<const uint4*>(stage + r1 * kCode + (kFp8 ? 32 : 16) * q + 16 * i);
+    w0[4 * i] = x.x, w0[4 * i + 1] = x.y, w0[4 * i + 2] = x.z, w0[4 * i + 3] = x.w;
+    w1[4 * i] = y.x, w1[4 * i + 1] = y.y, w1[4 * i + 2] = y.z, w1[4 * i + 3] = y.w;
+  }
+  const uint32_t sc0 = *reinterpret_cast<const uint32_t*>(stage + kTileKeys * kCode + r0 * kIndexerScaleBytes);
+  const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(stage + kTileKeys * kCode + r1 * kIndexerScaleBytes);
+  int ek0 = 0, ek1 = 0, shift0 = 0, shift1 = 0;
+  bool ok;
+  if constexpr (kFp8) {
+    const bool ok0 = fp8_scale_ok(__uint_as_float(sc0), ek0), ok1 = fp8_scale_ok(__uint_as_float(sc1), ek1);
+    ok = (!valid0 | ok0) & (!valid1 | ok1);
+  } else {
+    // Which blocks of the two rows hold a nonzero code: lanes 4 g .. 4 g + 3 hold blocks 0..3.
+    const uint32_t nz0 = __ballot_sync(0xffffffffu, nonzero_e2m1(w0[0] | w0[1] | w0[2] | w0[3]) != 0);
+    const uint32_t nz1 = __ballot_sync(0xffffffffu, nonzero_e2m1(w1[0] | w1[1] | w1[2] | w1[3]) != 0);
+    const uint32_t u0 = (nz0 >> (4 * g)) & 0xfu, u1 = (nz1 >> (4 * g)) & 0xfu;
+    const Fold f0 = mxfp4_fold(sc0, u0), f1 = mxfp4_fold(sc1, u1);
+    ek0 = f0.emin - 1;
+    ek1 = f1.emin - 1;
+    shift0 = fold_shift(f0, sc0, u0, q);
+    shift1 = fold_shift(f1, sc1, u1, q);
+    ok = (!valid0 | f0.ok) & (!valid1 | f1.ok);
   }
   // Warpgroup-wide: any key outside the fast path's range? (Also a barrier.)
   uint32_t bad;
@@ -435,73 +396,85 @@ __device__ void score_tiles(const IndexerSelectParams& p, const Smem& s, const u
       : "=r"(bad)
       : "r"(uint32_t(ok)), "r"(1 + wg)
       : "memory");
+  // A fragments: k-step st takes word st (MXFP4: 8 codes) or words 2 st, 2 st + 1 (FP8).
+  uint32_t a[4][4];
+#pragma unroll
+  for (int st = 0; st < 4; ++st) {
+    if constexpr (kFp8) {
+      a[st][0] = w0[2 * st];
+      a[st][1] = w1[2 * st];
+      a[st][2] = w0[2 * st + 1];
+      a[st][3] = w1[2 * st + 1];
+    } else {
+      a[st][0] = e2m1x4_to_s8(w0[st] & 0xffffu, shift0);
+      a[st][1] = e2m1x4_to_s8(w1[st] & 0xffffu, shift1);
+      a[st][2] = e2m1x4_to_s8(w0[st] >> 16, shift0);
+      a[st][3] = e2m1x4_to_s8(w1[st] >> 16, shift1);
+    }
+  }
   // Materialize the fragments here: left to the scheduler, the conversions
   // sink between the wgmmas and ptxas must insert fences there.
 #pragma unroll
-  for (int u = 0; u < kT; ++u)
+  for (int st = 0; st < 4; ++st)
 #pragma unroll
-    for (int st = 0; st < 4; ++st)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[u][st][i]));
-  const uint32_t qbase = smem_u32(s.base + kOffQ);
-  // Chain c + 1 runs while chain c's epilogue does (two accumulator sets).
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[st][i]));
+  const float kscale0 = exp2_int(ek0), kscale1 = exp2_int(ek1);
+  const uint32_t qbase = smem_u32(s.base + C::kOffQ);
+  // Token tl + 1's chain runs while token tl's epilogue does (two accumulator sets).
   using Acc = std::conditional_t<kFp8, float, uint32_t>;
   Acc acc0[32], acc1[32];
-  auto issue = [&](int c, Acc(&acc)[32]) {
-    const int tl = kT == 1 ? c : 0, u = kT == 1 ? 0 : c;
+  auto issue = [&](int tl, Acc(&acc)[32]) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] = Acc(0);  // overwritten (scale-d 0)
     const uint64_t db = sw128_desc(qbase + tl * kQTileBytes, 16, 1024);
     wgmma_fence();
     if constexpr (kFp8) {
-      wgmma_e4m3_rs<0>(acc, a[u][0], db);
-      wgmma_e4m3_rs<1>(acc, a[u][1], db + 2);  // + 32 bytes per k-step (descriptor units of 16)
-      wgmma_e4m3_rs<1>(acc, a[u][2], db + 4);
-      wgmma_e4m3_rs<1>(acc, a[u][3], db + 6);
+      wgmma_e4m3_rs<0>(acc, a[0], db);
+      wgmma_e4m3_rs<1>(acc, a[1], db + 2);  // + 32 bytes per k-step (descriptor units of 16)
+      wgmma_e4m3_rs<1>(acc, a[2], db + 4);
+      wgmma_e4m3_rs<1>(acc, a[3], db + 6);
     } else {
-      wgmma_s8_rs<0>(acc, a[u][0], db);
-      wgmma_s8_rs<1>(acc, a[u][1], db + 2);
-      wgmma_s8_rs<1>(acc, a[u][2], db + 4);
-      wgmma_s8_rs<1>(acc, a[u][3], db + 6);
+      wgmma_s8_rs<0>(acc, a[0], db);
+      wgmma_s8_rs<1>(acc, a[1], db + 2);
+      wgmma_s8_rs<1>(acc, a[2], db + 4);
+      wgmma_s8_rs<1>(acc, a[3], db + 6);
     }
     wgmma_commit();
   };
   issue(0, acc0);
 #pragma unroll
-  for (int c = 0; c < kChains; ++c) {
-    const int tl = kT == 1 ? c : 0, u = kT == 1 ? 0 : c;
-    Acc(&cur)[32] = (c & 1) ? acc1 : acc0;
-    if (c + 1 < kChains) {
-      issue(c + 1, (c & 1) ? acc0 : acc1);
-      wgmma_wait<1>();  // chain c is done, c + 1 may run on
+  for (int tl = 0; tl < kG; ++tl) {
+    Acc(&cur)[32] = (tl & 1) ? acc1 : acc0;
+    if (tl + 1 < kG) {
+      issue(tl + 1, (tl & 1) ? acc0 : acc1);
+      wgmma_wait<1>();  // token tl's chain is done, tl + 1's may run on
     } else {
       wgmma_wait<0>();
     }
     fence_acc(cur);
     float s0, s1;
-    tile_epilogue(cur, s.wpairs<kFp8>() + (tl * 4 + q) * 8, s0, s1);
+    tile_epilogue(cur, s.wpairs() + (tl * 4 + q) * 8, s0, s1);
     // Every lane of the quad holds both scores: all store (no divergent
     // branch while the next chain is in flight).
-    float* out = s.scores<kFp8>(wg, c);
-    out[r0] = __fmul_rn(s0, kscale0[u]);
-    out[r1] = __fmul_rn(s1, kscale1[u]);
+    float* out = s.scores(wg, tl);
+    out[r0] = __fmul_rn(s0, kscale0);
+    out[r1] = __fmul_rn(s1, kscale1);
   }
   // A key or token outside the fast path's range: the exact path overwrites
   // the tile's scores. (After the chains, not around them: a wgmma under a
   // data-dependent branch makes ptxas serialize the chains.)
   if (bad || !m->all_ok) {
     wg_sync(wg);  // the fast path's stores land first
-#pragma unroll
-    for (int u = 0; u < kT; ++u) tile_exact<kFp8>(p, s, stage[u], wg, wt, kG, j0[u], u);
+    tile_exact(p, s, stage, wg, wt, kG, j0);
   }
 }
 
 // Cuts a warpgroup's buffer of one token to its best k; raises the threshold.
-template <bool kFp8>
-__device__ void compact(const Smem& s, int wg, int tl, int k) {
+template <class C>
+__device__ void compact(const Smem<C>& s, int wg, int tl, int k) {
   const int wt = threadIdx.x & 127, lane = wt & 31;
-  Misc* m = s.misc<kFp8>();
-  uint64_t* buf = s.buf<kFp8>(wg, tl);
+  auto* m = s.misc();
+  uint64_t* buf = s.buf(wg, tl);
   const int n = m->count[wg][tl];
   uint64_t keys[kBufPerThread];
 #pragma unroll
@@ -511,7 +484,7 @@ __device__ void compact(const Smem& s, int wg, int tl, int k) {
 #pragma unroll
         for (int i = 0; i < kBufPerThread; ++i) f(keys[i]);
       },
-      uint32_t(k), s.hist<kFp8>(wg), m->sel[wg], wt, 128, [&] { wg_sync(wg); });
+      uint32_t(k), s.hist(wg), m->sel[wg], wt, 128, [&] { wg_sync(wg); });
   if (wt == 0) {
     m->count[wg][tl] = 0;
     m->tau[wg][tl] = kth;
@@ -522,130 +495,109 @@ __device__ void compact(const Smem& s, int wg, int tl, int k) {
   wg_sync(wg);
 }
 
-// A warpgroup's tiles of the unit: tile_begin + wg, + 2, ... A one-token
-// group takes them two at a time (two wgmma chains in flight, half the
-// barriers per tile and every thread in the append), with kSoloStages in
-// flight: alone, a token's tile is a short chain of dependent steps. An odd
-// last tile (the only one at short context) is scored alone.
-template <bool kFp8, bool kSelect, int kG>
-__device__ void consume(const IndexerSelectParams& p, const Smem& s, const Group& gr, const Unit& un) {
-  constexpr int kT = kG == 1 ? 2 : 1;  // tiles per step
-  constexpr int kS = kG == 1 ? kSoloStages : kStages;
+// A warpgroup's tiles of the unit: tile_begin + wg, + kW, ...
+template <class C, bool kSelect, int kG>
+__device__ void consume(const IndexerSelectParams& p, const Smem<C>& s, const Group& gr, const Unit& un) {
   const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127, lane = wt & 31;
-  Misc* m = s.misc<kFp8>();
+  auto* m = s.misc();
   int n_max = 0;
   for (int tl = 0; tl < kG; ++tl) n_max = max(n_max, m->tok_n[tl]);
   const int first = un.tile_begin + wg;
-  const int mine = first < un.tile_end ? (un.tile_end - first + 1) / 2 : 0;
-  auto tile_of = [&](int i) { return first + 2 * i; };
+  const int mine = first < un.tile_end ? (un.tile_end - first + C::kW - 1) / C::kW : 0;
+  auto tile_of = [&](int i) { return first + C::kW * i; };
   auto issue = [&](int i) {  // one commit group per tile, empty past the last
-    if (i < mine) issue_tile<kFp8>(tile_ref(p, gr.run, tile_of(i)), s.stage<kFp8>(wg, i % kS), n_max, wt, p.queries.codes);
+    if (i < mine) issue_tile<C>(tile_ref(p, gr.run, tile_of(i)), s.stage(wg, i % kStages), n_max, wt, p.queries.codes);
     cp_async_commit();
   };
-  for (int i = 0; i < kS - kT; ++i) issue(i);
-  for (int i = 0; i < mine; i += kT) {
-#pragma unroll
-    for (int u = 0; u < kT; ++u) issue(i + kS - kT + u);
-    cp_async_wait_group<kS - kT>();  // this thread's copies of tiles i .. i + kT - 1 have landed
-    wg_sync(wg);                     // and everyone's
-    const uint8_t* stage[kT];
-    int64_t j0[kT];
-    bool any = false;
-#pragma unroll
-    for (int u = 0; u < kT; ++u) {
-      const TileRef ref = i + u < mine ? tile_ref(p, gr.run, tile_of(i + u)) : TileRef{nullptr, 0};
-      stage[u] = s.stage<kFp8>(wg, (i + u) % kS);
-      j0[u] = ref.page != nullptr ? ref.j0 : int64_t(n_max);  // no page: no keys
-      any |= ref.page != nullptr;
-    }
-    if (!any) continue;  // uniform
-    if (kT == 2 && i + 1 == mine) {  // an odd last tile alone: no second chain for nothing
-      const uint8_t* const one[1] = {stage[0]};
-      const int64_t j1[1] = {j0[0]};
-      score_tiles<kFp8, 1, 1>(p, s, one, wg, j1, n_max);
-    } else {
-      score_tiles<kFp8, kG, kT>(p, s, stage, wg, j0, n_max);
-    }
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  for (int i = 0; i < mine; ++i) {
+    issue(i + kStages - 1);
+    cp_async_wait_group<kStages - 1>();  // this thread's copies of tile i have landed
+    wg_sync(wg);                         // and everyone's
+    const TileRef ref = tile_ref(p, gr.run, tile_of(i));
+    if (ref.page == nullptr) continue;   // no page: no keys (uniform)
+    score_tile<C, kG>(p, s, s.stage(wg, i % kStages), wg, ref.j0, n_max);
     wg_sync(wg);  // scores visible
     if constexpr (kSelect) {
-      for (int base = 0; base < kG * kT * kTileKeys; base += 128) {
-        const int pair = base + wt, c = min(pair / kTileKeys, kGroupTokens - 1), r = pair % kTileKeys;
-        const int tl = kT == 1 ? c : 0;
-        const int64_t j = (c == 0 ? j0[0] : j0[kT - 1]) + r;  // kT = 2: tile c
-        bool take = pair < kG * kT * kTileKeys && j < m->tok_n[tl];
-        const uint64_t key = take ? indexer_order_key(s.scores<kFp8>(wg, c)[r], j) : 0;
+      for (int base = 0; base < kG * kTileKeys; base += 128) {
+        const int pair = base + wt, tl = min(pair / kTileKeys, kG - 1), r = pair % kTileKeys;
+        const int64_t j = ref.j0 + r;
+        bool take = pair < kG * kTileKeys && j < m->tok_n[tl];
+        const uint64_t key = take ? indexer_order_key(s.scores(wg, tl)[r], j) : 0;
         take = take && key > m->tau[wg][tl];
-        warp_append(take, key, s.buf<kFp8>(wg, tl), &m->count[wg][tl], lane);  // a warp's pairs share tl
+        warp_append(take, key, s.buf(wg, tl), &m->count[wg][tl], lane);  // a warp's pairs share tl
       }
       wg_sync(wg);
-      for (int tl = 0; tl < kG; ++tl)  // cut when another step might not fit
-        if (m->count[wg][tl] > kBufCap - kT * kTileKeys) compact<kFp8>(s, wg, tl, p.topk);
+      for (int tl = 0; tl < kG; ++tl)  // cut when another tile might not fit
+        if (m->count[wg][tl] > kBufCap - kTileKeys) compact(s, wg, tl, p.topk);
     }
   }
   cp_async_wait_group<0>();
 }
 
-// The unit's list per token: the best k of both warpgroups' candidates.
-template <bool kFp8>
-__device__ void write_lists(const SelectArgs& a, const Smem& s, const Group& gr, const Unit& un) {
+// The unit's list per token: the best k of the warpgroups' candidates.
+template <class C>
+__device__ void write_lists(const SelectArgs& a, const Smem<C>& s, const Group& gr, const Unit& un) {
+  constexpr int kPer = C::kMergePerThread;
   const int tid = threadIdx.x, lane = tid & 31;
-  Misc* m = s.misc<kFp8>();
+  auto* m = s.misc();
   const int k = a.p.topk;
-  for (int tl = 0; tl < gr.count; ++tl) {
-    const int n0 = m->count[0][tl], n = n0 + m->count[1][tl];
-    uint64_t keys[kMergePerThread];
+  const bool sort = has_list_bounds(gr);
+  for (int tl = 0; tl < min(gr.count, C::kMaxG); ++tl) {
+    // Thread tid holds keys tid, tid + kThreads, ... of the buffers laid end
+    // to end (no indexed array: it would live in local memory).
+    int cnt[C::kW], n = 0;
 #pragma unroll
-    for (int i = 0; i < kMergePerThread; ++i) {
-      const int idx = tid + kScoreThreads * i;
-      keys[i] = idx < n0 ? s.buf<kFp8>(0, tl)[idx] : (idx < n ? s.buf<kFp8>(1, tl)[idx - n0] : 0);
+    for (int w = 0; w < C::kW; ++w) n += cnt[w] = m->count[w][tl];
+    uint64_t keys[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      int w = 0, at = tid + C::kThreads * i;
+#pragma unroll
+      for (int v = 0; v + 1 < C::kW; ++v) {  // past buffer v: on to v + 1
+        const bool past = w == v && at >= cnt[v];
+        at -= past ? cnt[v] : 0;
+        w += past;
+      }
+      keys[i] = tid + C::kThreads * i < n ? s.buf(w, tl)[at] : 0;
     }
-    auto kth_of = [&](int need) {
-      return radix_kth<8, false>(
-          [&](auto&& f) {
+    const uint64_t kth = n <= k ? 1  // fewer than k: keep every key
+                                : radix_kth<8, false>(
+                                      [&](auto&& f) {
 #pragma unroll
-            for (int i = 0; i < kMergePerThread; ++i) f(keys[i]);
-          },
-          uint32_t(need), s.hist<kFp8>(kConsumers), m->sel[kConsumers], tid, kScoreThreads, [] { __syncthreads(); });
-    };
-    const uint64_t kth = n > k ? kth_of(k) : 1;  // fewer than k: keep every key
+                                        for (int i = 0; i < kPer; ++i) f(keys[i]);
+                                      },
+                                      uint32_t(k), s.hist(C::kW), m->sel[C::kW], tid, C::kThreads, [] { __syncthreads(); });
     const int64_t list = int64_t(gr.list_base) + int64_t(un.split) * gr.count + tl;
     uint64_t* out = a.ws.list_keys + list * a.ws.list_stride;
-    if (has_list_bounds(gr)) {
-      // The list sorted best first, so that finalize reads only its keys at
-      // or above the token's bound, a prefix (indexer_select_internal.cuh);
-      // the bound is then the sorted list's m-th key. Sorted in buf(0, tl),
-      // whose keys every thread holds in registers by the barrier below.
-      uint64_t* sorted = s.buf<kFp8>(0, tl);
-      __syncthreads();
-#pragma unroll
-      for (int i = 0; i < kMergePerThread; ++i)
-        warp_append(keys[i] != 0 && keys[i] >= kth, keys[i], sorted, &m->out_count, lane);
-      __syncthreads();
-      const int kept = m->out_count;
-      bitonic_sort_desc<kScoreThreads, kSortPerThread>(sorted, kept, tid);
-      for (int i = tid; i < kept; i += kScoreThreads) out[i] = sorted[i];
-      if (tid == 0) {
-        const int need = (k + gr.units - 1) / gr.units;  // m = ceil(k / units)
-        a.ws.list_bounds[list] = kept >= need ? sorted[need - 1] : 0;
-        a.ws.list_counts[list] = kept;
-        m->out_count = 0;
-      }
-      __syncthreads();
-      continue;
-    }
-#pragma unroll
-    for (int i = 0; i < kMergePerThread; ++i) warp_append(keys[i] != 0 && keys[i] >= kth, keys[i], out, &m->out_count, lane);
+    // A list with a bound is sorted best first, so that finalize reads only
+    // its keys at or above the token's bound, a prefix (see
+    // indexer_select_internal.cuh); the bound is then the sorted list's m-th
+    // key. It is sorted in buf(0, tl), whose keys every thread holds in
+    // registers by the barrier below.
+    uint64_t* dst = sort ? s.buf(0, tl) : out;
     __syncthreads();
-    if (tid == 0) {
-      a.ws.list_counts[list] = m->out_count;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) warp_append(keys[i] != 0 && keys[i] >= kth, keys[i], dst, &m->out_count, lane);
+    __syncthreads();
+    if (sort) {
+      const int kept = m->out_count;
+      bitonic_sort_desc<C::kThreads, C::kSortPerThread>(dst, kept, tid);
+      for (int i = tid; i < kept; i += C::kThreads) out[i] = dst[i];
+    }
+    if (tid == 0) {  // (m->out_count is reset after the barriers of the sort, which read it)
+      const int kept = m->out_count;
+      const int need = (k + gr.units - 1) / gr.units;  // m = ceil(k / units)
+      if (sort) a.ws.list_bounds[list] = kept >= need ? dst[need - 1] : 0;
+      a.ws.list_counts[list] = kept;
       m->out_count = 0;
     }
     __syncthreads();
   }
 }
 
-template <bool kFp8, bool kSelect>
-__global__ void __launch_bounds__(kScoreThreads, 1) score_kernel(const SelectArgs a) {
+template <class C, bool kSelect>
+__global__ void __launch_bounds__(C::kThreads, 1) score_kernel(const SelectArgs a) {
   // Units are taken in turn: CTA b first takes unit b, then units from the
   // counter (past the grid). The plan is read before the wait: the plan
   // kernel lets nothing start before it ends (indexer_plan.cu).
@@ -659,34 +611,41 @@ __global__ void __launch_bounds__(kScoreThreads, 1) score_kernel(const SelectArg
   // array, so the compiler knows every access through it is to shared memory.
   // (Rebuilt from an integer it made them generic loads, stores and gpu-scope
   // atomics: Nsight Compute, run J2.)
-  const Smem s{smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u)};
-  Misc* m = s.misc<kFp8>();
+  const Smem<C> s{smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u)};
+  auto* m = s.misc();
   if (threadIdx.x == 0) m->out_count = 0;
   // m->unit: thread 0 writes it before the barrier at the loop's end, every
   // thread reads it after; the next write comes after the CTA barriers in
   // load_queries, after consume and in write_lists, all passed after those reads.
-  // (compute-sanitizer racecheck reports this pair, and hist(2) / sel[2] in
+  // (compute-sanitizer racecheck reports this pair, and hist(kW) / sel[kW] in
   // write_lists, as hazards; since the shared accesses are no longer generic,
   // also hist(wg) / sel[wg] in compact, ordered by the warpgroup's named
   // barrier; and in write_lists' sorted lists, the loads of buf(0, tl) into
-  // keys[] against the appends and the sort that rewrite it, and the sort's
-  // last stores against the reads of the sorted list. Each write_lists pair
-  // is ordered by a __syncthreads of all 256 threads, and the same radix_kth
-  // under __syncthreads in finalize_kernel is reported clean: the tool seems
-  // to mis-pair barrier 0 once the two warpgroups have passed different
-  // numbers of their named barriers 1 + wg, as one-token groups with an odd
-  // number of tiles or tiles without pages make them do.)
+  // keys[] against the appends and the sort that rewrite it, the sort's
+  // last stores against the reads of the sorted list, and inside
+  // bitonic_sort_desc the stores and loads of one barrier phase against
+  // another's. Each write_lists pair is ordered by a __syncthreads of all
+  // threads, and the same radix_kth and sort under __syncthreads in
+  // finalize_kernel are reported clean: the tool seems to mis-pair barrier 0
+  // once the warpgroups have passed different numbers of their named barriers
+  // 1 + wg, as units whose tiles do not split evenly over the warpgroups, or
+  // tiles without pages, make them do.)
   while (u < units) {
-    load_queries<kFp8>(a.p, s, gr);
-    switch (gr.count) {  // uniform: one instantiation per group size
-      case 1: consume<kFp8, kSelect, 1>(a.p, s, gr, un); break;
-      case 2: consume<kFp8, kSelect, 2>(a.p, s, gr, un); break;
-      case 3: consume<kFp8, kSelect, 3>(a.p, s, gr, un); break;
-      default: consume<kFp8, kSelect, 4>(a.p, s, gr, un); break;
+    load_queries(a.p, s, gr);
+    if constexpr (C::kMaxG == 1) {
+      consume<C, kSelect, 1>(a.p, s, gr, un);
+    } else {
+      static_assert(C::kMaxG == 4, "the general shape's group sizes");
+      switch (gr.count) {  // uniform: one instantiation per group size
+        case 1: consume<C, kSelect, 1>(a.p, s, gr, un); break;
+        case 2: consume<C, kSelect, 2>(a.p, s, gr, un); break;
+        case 3: consume<C, kSelect, 3>(a.p, s, gr, un); break;
+        default: consume<C, kSelect, 4>(a.p, s, gr, un); break;
+      }
     }
     __syncthreads();
     if constexpr (kSelect) {
-      write_lists<kFp8>(a, s, gr, un);
+      write_lists(a, s, gr, un);
     } else {
       if (threadIdx.x < gr.count)
         a.ws.list_counts[int64_t(gr.list_base) + int64_t(un.split) * gr.count + threadIdx.x] = 0;
@@ -703,31 +662,41 @@ __global__ void __launch_bounds__(kScoreThreads, 1) score_kernel(const SelectArg
   }
 }
 
-template <bool kFp8, bool kSelect>
+template <class C, bool kSelect>
 void launch(const SelectArgs& a, int grid, cudaStream_t stream) {
-  pdl_launch(score_kernel<kFp8, kSelect>, grid, kScoreThreads, smem_bytes<kFp8>(), stream, a);
+  pdl_launch(score_kernel<C, kSelect>, grid, C::kThreads, C::kSmemBytes, stream, a);
+}
+
+template <class C>
+void launch_shape(const SelectArgs& a, int grid, bool score_only, cudaStream_t stream) {
+  if (score_only) launch<C, false>(a, grid, stream);
+  else launch<C, true>(a, grid, stream);
+}
+
+template <bool kFp8>
+void launch_format(const SelectArgs& a, int grid, bool score_only, cudaStream_t stream) {
+  if (a.solo) launch_shape<Decode<kFp8>>(a, grid, score_only, stream);
+  else launch_shape<General<kFp8>>(a, grid, score_only, stream);
+}
+
+template <class C>
+void raise_smem_limit() {
+  cudaFuncSetAttribute(score_kernel<C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  cudaFuncSetAttribute(score_kernel<C, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
 }
 
 }  // namespace
 
-int score_smem_bytes(IndexKeyFormat f) { return f == IndexKeyFormat::kFp8 ? smem_bytes<true>() : smem_bytes<false>(); }
-
 void prepare_score_kernels() {
-  cudaFuncSetAttribute(score_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<true>());
-  cudaFuncSetAttribute(score_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<true>());
-  cudaFuncSetAttribute(score_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<false>());
-  cudaFuncSetAttribute(score_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<false>());
+  raise_smem_limit<General<true>>();
+  raise_smem_limit<General<false>>();
+  raise_smem_limit<Decode<true>>();
+  raise_smem_limit<Decode<false>>();
 }
 
 void launch_score(const SelectArgs& a, int grid, bool score_only, cudaStream_t stream) {
-  const bool fp8 = a.p.queries.format == IndexKeyFormat::kFp8;
-  if (fp8) {
-    if (score_only) launch<true, false>(a, grid, stream);
-    else launch<true, true>(a, grid, stream);
-  } else {
-    if (score_only) launch<false, false>(a, grid, stream);
-    else launch<false, true>(a, grid, stream);
-  }
+  if (a.p.queries.format == IndexKeyFormat::kFp8) launch_format<true>(a, grid, score_only, stream);
+  else launch_format<false>(a, grid, score_only, stream);
 }
 
 }  // namespace dsv4::cuda::ix

@@ -48,6 +48,7 @@ void check_indexer_select_cuda_params(const IndexerSelectParams& p, const Indexe
 struct IndexerSelectCuda::Impl {
   IndexerSelectCudaLimits limits;
   int grid = 0;
+  bool solo = false;  // the last plan's grouping: IndexerGrouping::kOneTokenPerRun
   cuda::ix::Workspace ws;
   std::vector<void*> allocations;
   size_t bytes = 0;
@@ -64,12 +65,13 @@ struct IndexerSelectCuda::Impl {
     for (void* p : allocations) cudaFree(p);
   }
 
-  cuda::ix::SelectArgs args(const IndexerSelectParams& p) const { return cuda::ix::SelectArgs{p, ws}; }
+  cuda::ix::SelectArgs args(const IndexerSelectParams& p) const { return cuda::ix::SelectArgs{p, ws, solo}; }
 };
 
 IndexerSelectCuda::IndexerSelectCuda(const IndexerSelectCudaLimits& limits) : impl_(new Impl) {
   try {
     DSV4_REQUIRE(limits.max_tokens >= 0, "indexer select (cuda): negative max_tokens");
+    DSV4_REQUIRE(limits.work_units >= 0, "indexer select (cuda): negative work_units");
     DSV4_REQUIRE(limits.topk >= 1 && limits.topk <= kIndexerMaxTopk, "indexer select (cuda): limits.topk must be in [1, 1024]");
     impl_->limits = limits;
     int device = 0;
@@ -80,13 +82,7 @@ IndexerSelectCuda::IndexerSelectCuda(const IndexerSelectCudaLimits& limits) : im
     cuda_check(cudaGetLastError(), "kernel attributes");
     cuda::ix::Workspace& ws = impl_->ws;
     const int tokens = std::max(1, limits.max_tokens);
-    ws.target_units = kUnitsPerSm * impl_->grid;
-    // A unit has at least a tile for each of its two warpgroups. (It was 2k
-    // keys, so that a list keeps at most half of its unit's keys; but the
-    // bound only binds when the step's work is small, where spreading it
-    // wins: a decode token at 4K context scored its 16 tiles on one CTA,
-    // 39 us, instead of eight; docs/perf-notes.md.)
-    ws.min_unit_tiles = 2;
+    ws.target_units = limits.work_units > 0 ? limits.work_units : kUnitsPerSm * impl_->grid;
     // Finalize merges a token's S lists on one multiprocessor. It reads them
     // once and keeps only the keys at or above their bound (see
     // indexer_select_internal.cuh), so S = 128 lets a single token at 1M
@@ -111,8 +107,9 @@ IndexerSelectCuda::IndexerSelectCuda(const IndexerSelectCudaLimits& limits) : im
 
 IndexerSelectCuda::~IndexerSelectCuda() { delete impl_; }
 
-void IndexerSelectCuda::plan(const IndexerSelectParams& p, CUstream_st* stream) {
+void IndexerSelectCuda::plan(const IndexerSelectParams& p, CUstream_st* stream, IndexerGrouping grouping) {
   check_indexer_select_cuda_params(p, impl_->limits);
+  impl_->solo = grouping == IndexerGrouping::kOneTokenPerRun;
   if (p.num_tokens == 0) return;
   cuda::ix::launch_plan(impl_->args(p), stream);
   cuda_check(cudaGetLastError(), "plan kernel");
@@ -132,8 +129,9 @@ void IndexerSelectCuda::finalize(const IndexerSelectParams& p, CUstream_st* stre
   cuda_check(cudaGetLastError(), "finalize kernel");
 }
 
-void IndexerSelectCuda::run(const IndexerSelectParams& p, CUstream_st* stream) {
+void IndexerSelectCuda::run(const IndexerSelectParams& p, CUstream_st* stream, IndexerGrouping grouping) {
   check_indexer_select_cuda_params(p, impl_->limits);
+  impl_->solo = grouping == IndexerGrouping::kOneTokenPerRun;
   if (p.num_tokens == 0) return;
   const cuda::ix::SelectArgs a = impl_->args(p);
   cuda::ix::launch_plan(a, stream);

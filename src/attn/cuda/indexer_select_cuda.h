@@ -28,9 +28,18 @@ struct CUstream_st;  // cudaStream_t without the CUDA headers
 
 namespace dsv4 {
 
+// How the plan groups the step's tokens. kRuns: up to 4 consecutive
+// positions of a run share their key tiles (prefill). kOneTokenPerRun (a
+// decode step): every token alone, scored by a kernel made for one-token
+// groups (twice the warps per multiprocessor). Either is correct for any
+// step; a run of several tokens is only scored faster with kRuns.
+enum class IndexerGrouping { kRuns, kOneTokenPerRun };
+
 struct IndexerSelectCudaLimits {
   int max_tokens = 0;              // tokens of one call
   int topk = kIndexerMaxTopk;      // largest topk of a call (sizes the lists)
+  int work_units = 0;              // units of work a call is cut into (0: four per multiprocessor); fewer
+                                   // make longer units (tests reach the candidate buffers' cuts so)
 };
 
 class IndexerSelectCuda {
@@ -41,7 +50,7 @@ class IndexerSelectCuda {
   IndexerSelectCuda(const IndexerSelectCuda&) = delete;
   IndexerSelectCuda& operator=(const IndexerSelectCuda&) = delete;
 
-  void run(const IndexerSelectParams& p, CUstream_st* stream);
+  void run(const IndexerSelectParams& p, CUstream_st* stream, IndexerGrouping grouping = IndexerGrouping::kRuns);
 
   // run() on the plan of the last plan() call (score, then finalize): the
   // plan reads only num_tokens, positions, token_run and real_tokens, so one
@@ -51,8 +60,9 @@ class IndexerSelectCuda {
 
   // The stages of run() one at a time (benchmarks): plan, then score
   // (score_only: without the running top-k, leaving empty lists), then
-  // finalize. A stage reads what the previous one left in the workspace.
-  void plan(const IndexerSelectParams& p, CUstream_st* stream);
+  // finalize. A stage reads what the previous one left in the workspace;
+  // score and run_planned use the grouping of the last plan.
+  void plan(const IndexerSelectParams& p, CUstream_st* stream, IndexerGrouping grouping = IndexerGrouping::kRuns);
   void score(const IndexerSelectParams& p, CUstream_st* stream, bool score_only = false);
   void finalize(const IndexerSelectParams& p, CUstream_st* stream);
 

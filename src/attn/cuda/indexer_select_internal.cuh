@@ -4,13 +4,17 @@
 //
 //  plan      (1 CTA)   groups the step's tokens (up to 4 consecutive
 //                      positions of one run, aligned to 4, so they see the
-//                      same keys) and cuts each group's key tiles (a tile =
-//                      a page = 64 keys) into units, so that the units carry
-//                      about equal work and number about 4 per multiprocessor.
+//                      same keys; or, when the host says the step has one
+//                      token per run, each token alone) and cuts each
+//                      group's key tiles (a tile = a page = 64 keys) into
+//                      units, so that the units carry about equal work and
+//                      number about 4 per multiprocessor.
 //  score     (1 CTA/SM, persistent) takes units in turn: scores the unit's
 //                      tiles for the group's tokens on the tensor cores,
 //                      streams a running top-k per token, and writes each
 //                      token's best k of the unit as a list of order keys.
+//                      Two kernels: 2 warpgroups for groups of up to 4
+//                      tokens, 4 for one-token groups (indexer_score.cu).
 //  finalize  (1 CTA per token) selects the best k of the token's lists,
 //                      sorts them best first and writes picks, slots, lengths.
 // List bounds: when a token has more keys than finalize stages in shared
@@ -35,7 +39,8 @@ inline constexpr int kTileKeys = 64;     // keys per tile = entries per key page
 inline constexpr int kGroupTokens = 4;   // tokens scored together (one wgmma N = 64 heads each)
 inline constexpr int kHeads = 64;        // the scorer's query heads (V4: index_n_heads = 64)
 inline constexpr int kPlanThreads = 1024;
-inline constexpr int kScoreThreads = 256;     // two consumer warpgroups
+inline constexpr int kGeneralWarpgroups = 2;  // the score kernel's consumer warpgroups for groups of up to 4 tokens
+inline constexpr int kDecodeWarpgroups = 4;   // and for one-token groups
 inline constexpr int kFinalizeThreads = 512;
 inline constexpr int kFinalizeStageKeys = 3072;  // candidates finalize holds in shared memory
 inline constexpr int kMaxGroupUnits = 128;       // Workspace::max_group_units (finalize keeps their counts in shared memory)
@@ -65,7 +70,6 @@ struct Workspace {
   uint64_t* list_bounds = nullptr; // [max_lists], for groups where has_list_bounds
   int max_units = 0, max_lists = 0;
   int target_units = 0;    // about this many units per call (balanced work)
-  int min_unit_tiles = 1;  // smallest unit, in tiles
   int max_group_units = 1; // most units per group (its tokens' lists are merged by one CTA)
   int list_stride = 0;     // keys per list (the limits' topk)
 };
@@ -79,10 +83,9 @@ __device__ __forceinline__ bool has_list_bounds(const Group& g) {
 struct SelectArgs {
   IndexerSelectParams p;
   Workspace ws;
+  bool solo = false;  // one token per group (plan), scored by the decode kernel (score)
 };
 
-// Dynamic shared memory of the score kernel for a key format.
-int score_smem_bytes(IndexKeyFormat f);
 // Once per process: raises the score kernels' shared-memory limit.
 void prepare_score_kernels();
 

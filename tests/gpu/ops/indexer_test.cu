@@ -404,14 +404,15 @@ struct DeviceWorld {
     return p;
   }
   // planned: run_planned on the plan of an earlier op.plan() call.
-  Selection run(IndexerSelectCuda& op, bool padded = false, bool planned = false) {
+  Selection run(IndexerSelectCuda& op, bool padded = false, bool planned = false,
+                IndexerGrouping grouping = IndexerGrouping::kRuns) {
     picks.poison();
     slots.poison();
     lengths.poison();
     if (planned)
       op.run_planned(params(padded), nullptr);
     else
-      op.run(params(padded), nullptr);
+      op.run(params(padded), nullptr, grouping);
     IX_CUDA_OK(cudaDeviceSynchronize());
     Selection s{picks.download(), slots.download(), lengths.download()};
     EXPECT_TRUE(picks.guard_intact() && slots.guard_intact() && lengths.guard_intact()) << "write past an output";
@@ -511,17 +512,27 @@ void compare(const World& w, const Selection& want, const Selection& got, int re
   }
 }
 
-void run_case(IndexKeyFormat f, int topk, const std::vector<RunSpec>& runs, const WorldOptions& opt = {}) {
+// Both groupings: the general score kernel (runs of up to 4 tokens per
+// group) and the decode kernel (one token per group), each against the CPU.
+constexpr IndexerGrouping kGroupings[] = {IndexerGrouping::kRuns, IndexerGrouping::kOneTokenPerRun};
+const char* grouping_name(IndexerGrouping g) { return g == IndexerGrouping::kRuns ? "by runs" : "one token per group"; }
+
+void run_case(IndexKeyFormat f, int topk, const std::vector<RunSpec>& runs, const WorldOptions& opt = {},
+              int work_units = 0) {
   const World w = make_world(f, topk, runs, opt);
   const Selection want = cpu_select(w);
   DeviceWorld dw(w);
-  IndexerSelectCuda op({w.T, topk});
-  const Selection got = dw.run(op);
-  compare(w, want, got, w.T);
-  int picked = 0;
-  for (int len : got.lengths) picked += len;
-  std::printf("    %s topk %d: %d tokens, %d picks, workspace %.1f MB\n", std::string(index_key_format_name(f)).c_str(),
-              topk, w.T, picked, double(op.workspace_bytes()) / 1e6);
+  IndexerSelectCuda op({w.T, topk, work_units});
+  for (IndexerGrouping grouping : kGroupings) {
+    SCOPED_TRACE(grouping_name(grouping));
+    const Selection got = dw.run(op, false, false, grouping);
+    compare(w, want, got, w.T);
+    int picked = 0;
+    for (int len : got.lengths) picked += len;
+    std::printf("    %s topk %d, %s: %d tokens, %d picks, workspace %.1f MB\n",
+                std::string(index_key_format_name(f)).c_str(), topk, grouping_name(grouping), w.T, picked,
+                double(op.workspace_bytes()) / 1e6);
+  }
 }
 
 // Decode: one token per run, contexts from nothing visible to 70K positions.
@@ -582,6 +593,17 @@ TEST_F(IndexerCudaTest, LongContext262kKeys) {
   run_case(IndexKeyFormat::kFp8, 512, {RunSpec{1048575, 1, 0}}, {.seed = 13});
 }
 
+// Units long enough that a warpgroup's candidate buffer (1,536 keys) fills
+// and is cut to the best k, more than once: with two units of work, the
+// 64K-context token's 256 tiles make one unit, 64 tiles per warpgroup of the
+// decode kernel and 128 of the general one (whose groups of 2 tokens cut too).
+TEST_F(IndexerCudaTest, LongUnitsCutTheirBuffers) {
+  const std::vector<RunSpec> runs = {RunSpec{65535, 1, 0}, RunSpec{50001, 2, 0}};
+  run_case(IndexKeyFormat::kMxfp4, 512, runs, {.seed = 19}, 2);
+  run_case(IndexKeyFormat::kMxfp4, 1024, runs, {.seed = 20}, 2);
+  run_case(IndexKeyFormat::kFp8, 512, runs, {.seed = 23}, 2);
+}
+
 // Pages whose byte offset passes 2^31 (64-bit page arithmetic).
 TEST_F(IndexerCudaTest, PagesBeyond2GiB) {
   const int64_t mx = (int64_t(1) << 31) / int64_t(index_key_page_stride(IndexKeyFormat::kMxfp4, 64)) + 100;
@@ -606,16 +628,19 @@ TEST_F(IndexerCudaTest, PaddedTokensReadNothing) {
   const Selection want = cpu_select(cpu_world);
   DeviceWorld dw(w, real);
   IndexerSelectCuda op({w.T, 512});
-  const Selection got = dw.run(op, true);
-  check_well_formed(w, got, real);
-  for (int t = 0; t < w.T; ++t) {
-    if (t >= real) {
-      ASSERT_EQ(got.lengths[size_t(t)], 0) << "padded token " << t;
-      continue;
+  for (IndexerGrouping grouping : kGroupings) {
+    SCOPED_TRACE(grouping_name(grouping));
+    const Selection got = dw.run(op, true, false, grouping);
+    check_well_formed(w, got, real);
+    for (int t = 0; t < w.T; ++t) {
+      if (t >= real) {
+        ASSERT_EQ(got.lengths[size_t(t)], 0) << "padded token " << t;
+        continue;
+      }
+      ASSERT_EQ(got.lengths[size_t(t)], want.lengths[size_t(t)]) << "token " << t;
+      for (int i = 0; i < w.topk; ++i)
+        ASSERT_EQ(got.picks[size_t(t) * w.topk + size_t(i)], want.picks[size_t(t) * w.topk + size_t(i)]) << "token " << t;
     }
-    ASSERT_EQ(got.lengths[size_t(t)], want.lengths[size_t(t)]) << "token " << t;
-    for (int i = 0; i < w.topk; ++i)
-      ASSERT_EQ(got.picks[size_t(t) * w.topk + size_t(i)], want.picks[size_t(t) * w.topk + size_t(i)]) << "token " << t;
   }
 }
 
@@ -629,26 +654,31 @@ TEST_F(IndexerCudaTest, OnePlanServesEveryLayer) {
   ASSERT_EQ(a.token_run, b.token_run);
   DeviceWorld da(a), db(b);
   IndexerSelectCuda op({a.T, 512});
-  op.plan(da.params(false), nullptr);
   const Selection want_a = cpu_select(a), want_b = cpu_select(b);
-  for (int layer = 0; layer < 3; ++layer) {
-    const Selection got_a = da.run(op, false, true);
-    compare(a, want_a, got_a, a.T);
-    const Selection got_b = db.run(op, false, true);
-    compare(b, want_b, got_b, b.T);
-    ASSERT_NE(got_a.picks, got_b.picks) << "layer " << layer << ": the two worlds must differ";
+  for (IndexerGrouping grouping : kGroupings) {
+    SCOPED_TRACE(grouping_name(grouping));
+    op.plan(da.params(false), nullptr, grouping);  // run_planned keeps the plan's grouping
+    for (int layer = 0; layer < 3; ++layer) {
+      const Selection got_a = da.run(op, false, true);
+      compare(a, want_a, got_a, a.T);
+      const Selection got_b = db.run(op, false, true);
+      compare(b, want_b, got_b, b.T);
+      ASSERT_NE(got_a.picks, got_b.picks) << "layer " << layer << ": the two worlds must differ";
+    }
   }
 }
 
 // Same inputs, same bits: repeated runs and a CUDA-graph replay.
 TEST_F(IndexerCudaTest, DeterministicAndGraphCapturable) {
-  for (IndexKeyFormat f : {IndexKeyFormat::kMxfp4, IndexKeyFormat::kFp8}) {
+  for (IndexKeyFormat f : {IndexKeyFormat::kMxfp4, IndexKeyFormat::kFp8})
+  for (IndexerGrouping grouping : kGroupings) {
+    SCOPED_TRACE(grouping_name(grouping));
     const World w = make_world(f, 512, prefill_runs(), {.seed = 17});
     DeviceWorld dw(w);
     IndexerSelectCuda op({w.T, 512});
-    const Selection first = dw.run(op);
+    const Selection first = dw.run(op, false, false, grouping);
     for (int rep = 0; rep < 3; ++rep) {
-      const Selection again = dw.run(op);
+      const Selection again = dw.run(op, false, false, grouping);
       ASSERT_EQ(again.picks, first.picks) << "run " << rep;
       ASSERT_EQ(again.slots, first.slots) << "run " << rep;
       ASSERT_EQ(again.lengths, first.lengths) << "run " << rep;
@@ -660,7 +690,7 @@ TEST_F(IndexerCudaTest, DeterministicAndGraphCapturable) {
     dw.lengths.poison();
     cudaGraph_t graph;
     IX_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    op.run(dw.params(false), stream);
+    op.run(dw.params(false), stream, grouping);
     IX_CUDA_OK(cudaStreamEndCapture(stream, &graph));
     cudaGraphExec_t exec;
     IX_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
@@ -691,6 +721,7 @@ TEST_F(IndexerCudaTest, BadParamsThrow) {
   p = dw.params(false);
   p.num_tokens = w.T + 1;
   EXPECT_THROW(op.run(p, nullptr), Error);
+  EXPECT_THROW(IndexerSelectCuda({w.T, 512, -1}), Error);  // negative work units
 }
 
 }  // namespace

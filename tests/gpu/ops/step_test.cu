@@ -1,6 +1,7 @@
 // The step metadata built on the GPU (attn/cuda/device_step.h) against the
-// CPU's (step/step.h): bitwise equal for every real token, and padding rows
-// (a decode batch padded to a graph's size) with slots -1 and empty lists.
+// CPU's (step/step.h): bitwise equal for every real token (lists up to their
+// lengths), and padding rows (a decode batch padded to a graph's size) with
+// slots -1 and empty lists.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -28,34 +29,33 @@ std::vector<int32_t> download(const int32_t* d, int64_t n) {
 }
 
 // Row t of every derived array on the device equals the host's, tokens
-// t < real; rows past it are padding.
+// t < real; rows past it are padding (slots -1, lengths 0). A list row is
+// compared up to its length: the device writes no more (device_step.h).
 void expect_same(const StepMetadata& s, const cuda::DeviceStep& d, int launched) {
   const StepView h = s.view(), g = d.view();
   const int real = s.num_tokens();
-  auto rows = [&](const int32_t* host, const int32_t* dev, int width, int32_t pad, const char* what) {
-    const std::vector<int32_t> got = download(dev, int64_t(launched) * width);
-    for (int t = 0; t < launched; ++t)
-      for (int i = 0; i < width; ++i) {
-        const int32_t want = t < real && host ? host[int64_t(t) * width + i] : pad;
-        ASSERT_EQ(got[size_t(t) * width + i], want) << what << " token " << t << " entry " << i;
-      }
+  auto rows = [&](const int32_t* host, const int32_t* dev, int32_t pad, const char* what) {
+    const std::vector<int32_t> got = download(dev, launched);
+    for (int t = 0; t < launched; ++t) ASSERT_EQ(got[size_t(t)], t < real ? host[t] : pad) << what << " token " << t;
   };
-  rows(h.swa_slot, g.swa_slot, 1, -1, "swa_slot");
-  rows(h.c4a_slot, g.c4a_slot, 1, -1, "c4a_slot");
-  rows(h.c128a_slot, g.c128a_slot, 1, -1, "c128a_slot");
-  rows(h.c4a_state_slot, g.c4a_state_slot, 1, -1, "c4a_state_slot");
-  rows(h.c128a_state_slot, g.c128a_state_slot, 1, -1, "c128a_state_slot");
-  rows(h.window_indices, g.window_indices, kWindow, -1, "window");
-  rows(h.window_lengths, g.window_lengths, 1, 0, "window length");
-  rows(h.c128a_lengths, g.c128a_lengths, 1, 0, "c128a length");
-  // The device lists are as wide as the capacity: the host's columns, then -1.
-  const int wh = s.dims().c128a_width, wd = g.dims.c128a_width;
-  const std::vector<int32_t> got = download(g.c128a_indices, int64_t(launched) * wd);
-  for (int t = 0; t < launched; ++t)
-    for (int j = 0; j < wd; ++j) {
-      const int32_t want = t < real && j < wh ? h.c128a_indices[int64_t(t) * wh + j] : -1;
-      ASSERT_EQ(got[size_t(t) * wd + j], want) << "c128a token " << t << " entry " << j;
+  rows(h.swa_slot, g.swa_slot, -1, "swa_slot");
+  rows(h.c4a_slot, g.c4a_slot, -1, "c4a_slot");
+  rows(h.c128a_slot, g.c128a_slot, -1, "c128a_slot");
+  rows(h.c4a_state_slot, g.c4a_state_slot, -1, "c4a_state_slot");
+  rows(h.c128a_state_slot, g.c128a_state_slot, -1, "c128a_state_slot");
+  rows(h.window_lengths, g.window_lengths, 0, "window length");
+  rows(h.c128a_lengths, g.c128a_lengths, 0, "c128a length");
+  // The lists' rows (the device's as wide as the capacity) up to their lengths.
+  auto lists = [&](const int32_t* host, const int32_t* dev, int wh, int wd, const int32_t* lengths, const char* what) {
+    const std::vector<int32_t> got = download(dev, int64_t(real) * wd);
+    for (int t = 0; t < real; ++t) {
+      ASSERT_LE(lengths[t], wh) << what << " token " << t;
+      for (int j = 0; j < lengths[t]; ++j)
+        ASSERT_EQ(got[size_t(t) * wd + j], host[int64_t(t) * wh + j]) << what << " token " << t << " entry " << j;
     }
+  };
+  lists(h.window_indices, g.window_indices, kWindow, kWindow, h.window_lengths, "window");
+  lists(h.c128a_indices, g.c128a_indices, s.dims().c128a_width, g.dims.c128a_width, h.c128a_lengths, "c128a");
   int32_t real_on_device = -1;
   ASSERT_EQ(cudaMemcpy(&real_on_device, d.real_tokens(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(real_on_device, real);
@@ -96,6 +96,14 @@ TEST_F(DeviceStepTest, PrefillAndDecodeMatchTheHostBitwise) {
   d.copy(nullptr), d.build(nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_same(s2, d, 4);
+  for (const dsv4::Run& r : s2.runs) c.blocks.commit(r.request, r.start_pos + r.len);
+  // Fewer runs than the step before: the rows it left behind are not read.
+  StepMetadata s3 = plan_step({{3, 132, 1}}, c.config, c.blocks, errors);
+  ASSERT_TRUE(errors.empty());
+  d.stage(s3);
+  d.copy(nullptr), d.build(nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_same(s3, d, 1);
 }
 
 TEST_F(DeviceStepTest, AStepBeyondTheCapacityIsRefused) {
