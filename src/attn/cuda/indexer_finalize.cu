@@ -24,8 +24,12 @@ constexpr int kStageKeys = kFinalizeStageKeys;
 // lists, the first keys of kBatch lists) before using any.
 constexpr int kWarps = kFinalizeThreads / 32;
 constexpr int kBatch = 8;
-// Candidates the sort takes at once (two per thread); the best k fit.
-constexpr int kSortKeys = 2 * kFinalizeThreads;
+// Candidates the sort takes at once (four per thread: up to 2,048 are sorted
+// at once, not cut by a radix select first; with the sort's idle warps
+// skipping its stages, finalize of 128 decode tokens at 64K context went from
+// 17.7 to 14.2 us, docs/perf-notes.md runs N1 and N4); the best k fit.
+constexpr int kSortPer = 4;
+constexpr int kSortKeys = kSortPer * kFinalizeThreads;
 static_assert(kIndexerMaxTopk <= kSortKeys && kSortKeys <= kStageKeys, "the sort's buffers");
 
 __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const SelectArgs a) {
@@ -130,7 +134,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   uint64_t* best = sorted;
   int kept;
   if (in_smem && n <= kSortKeys) {
-    bitonic_sort_desc<kFinalizeThreads>(staged, n, tid);
+    bitonic_sort_desc<kFinalizeThreads, kSortPer>(staged, n, tid);
     best = staged;
     kept = min(n, k);
   } else {
@@ -139,7 +143,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
     each_key([&](uint64_t key) { warp_append(key != 0 && key >= kth, key, sorted, &kept_count, lane); });
     __syncthreads();
     kept = kept_count;  // k: keys are unique
-    bitonic_sort_desc<kFinalizeThreads>(sorted, kept, tid);
+    bitonic_sort_desc<kFinalizeThreads, kSortPer>(sorted, kept, tid);
   }
 
   int32_t* picks = p.picks + int64_t(t) * k;

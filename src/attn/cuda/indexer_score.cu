@@ -86,7 +86,7 @@ struct Shape {
       kTileKeys * (indexer_code_bytes(kFp8 ? IndexKeyFormat::kFp8 : IndexKeyFormat::kMxfp4) + kIndexerScaleBytes);
   // write_lists: every buffer's keys over the CTA; a list of up to kIndexerMaxTopk keys sorted.
   static constexpr int kMergePerThread = kW * kBufCap / kThreads;
-  static constexpr int kSortPerThread = kIndexerMaxTopk / kThreads > 2 ? kIndexerMaxTopk / kThreads : 2;
+  static constexpr int kSortPerThread = 4;  // (warps past a short list's end skip the sort's stages)
   static constexpr int kOffQ = 0;
   static constexpr int kOffStage = kOffQ + kMaxG * kQTileBytes;
   static constexpr int kOffBuf = kOffStage + kW * kStages * kStageBytes;

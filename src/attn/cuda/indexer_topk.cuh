@@ -97,7 +97,10 @@ __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_
 // than 32 kPer elements apart run in registers (within the thread, or
 // shuffles: no barrier) and only the wider ones go through shared memory
 // (10 of the 55 stages of 1,024 keys with kPer = 2; the network in shared
-// memory alone took a barrier per stage).
+// memory alone took a barrier per stage). A warp whose elements all lie at
+// or past len holds 0s that only it exchanges: it skips those stages and
+// passes the barriers only, so a short list costs the issue slots of the
+// warps that hold it, not of the whole CTA.
 template <int kThreads, int kPer = 2>
 __device__ void bitonic_sort_desc(uint64_t* s, int n, int tid) {
   static_assert(kThreads % 32 == 0, "whole warps");
@@ -109,6 +112,7 @@ __device__ void bitonic_sort_desc(uint64_t* s, int n, int tid) {
   __syncthreads();
   const int i0 = kPer * tid;
   const bool live = i0 < len;  // the others hold 0s, exchanged only among themselves
+  const bool warp_live = kPer * (tid & ~31) < len;  // some lane of this warp is live (uniform)
   uint64_t v[kPer];
 #pragma unroll
   for (int e = 0; e < kPer; ++e) v[e] = live ? s[i0 + e] : 0;
@@ -132,6 +136,7 @@ __device__ void bitonic_sort_desc(uint64_t* s, int n, int tid) {
         for (int e = 0; e < kPer; ++e) v[e] = s[i0 + e];
       }
     }
+    if (!warp_live) continue;  // (a warp past len passes every barrier above, none below)
     for (int stride = size > kWarpSpan ? kWarpSpan / 2 : size >> 1; stride >= kPer; stride >>= 1) {
 #pragma unroll
       for (int e = 0; e < kPer; ++e) {  // the partner is element e of lane ^ stride / kPer
