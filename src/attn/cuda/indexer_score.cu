@@ -180,7 +180,7 @@ __device__ __forceinline__ uint32_t nonzero_e2m1(uint32_t w) { return (w & 0x777
 // ---- the unit's queries --------------------------------------------------------
 // Thread (tl, h) = (tid / 64, tid % 64) writes B row h of token tl: chunk c
 // word qq holds dims 32 qq + 4 c .. + 3 (the permuted K order of the A
-// fragments, see score_tiles), and the head's w'' into the weight pairs.
+// fragments, see score_tile), and the head's w'' into the weight pairs.
 template <class C>
 __device__ void load_queries(const IndexerSelectParams& p, const Smem<C>& s, const Group& gr) {
   constexpr bool kFp8 = C::kFp8;
