@@ -1,11 +1,12 @@
 // The indexer's last step (indexer_select_internal.cuh): per token, the best
 // k of its units' lists, sorted best first, mapped to global slots: a sort of
 // all candidates when they are few (up to kSortKeys), else a radix select
-// (8-bit digits) of the k-th best and a sort of the keys at or above it.
+// (8-bit digits) of a k-th-best threshold and a sort of the keys at or above it.
 // The candidates at or above the lists' bound (1 when the group has none)
 // are first gathered into shared memory as the lists are read, once; when
-// more than kFinalizeStageKeys remain, the radix passes read the lists from
-// global memory again.
+// more than kFinalizeStageKeys remain, the radix passes (and the pass before
+// them that finds the bits all keys share) read the lists from global memory
+// again.
 // Tokens without keys (padding, nothing visible) get -1 rows and length 0
 // and read nothing but the plan.
 #include <cuda_runtime.h>
@@ -54,7 +55,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   if (blockIdx.x == 0 && threadIdx.x == 0) a.ws.counters->next_unit = 0;
   const int lists = ref.group >= 0 ? gr.units : 0;
   const bool bounded = ref.group >= 0 && has_list_bounds(gr);
-  auto list_of = [&](int s) { return int64_t(gr.list_base) + int64_t(s) * gr.count + ref.tl; };
+  auto list_of = [&](int s) { return list_index(gr, s, ref.tl); };
 
   if (tid == 0) total = kept_count = staged_count = 0, bound = ~0ull;
   __syncthreads();
@@ -130,7 +131,8 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   };
 
   // Few candidates (all of them at short context): sort them all and keep
-  // the best k. More: the k-th best by radix select, then sort those >= it.
+  // the best k. More: a threshold with k keys at or above it by radix select,
+  // then sort those.
   uint64_t* best = sorted;
   int kept;
   if (in_smem && n <= kSortKeys) {

@@ -14,34 +14,50 @@
 
 namespace dsv4::cuda::ix {
 
+// The 32 accumulator operands of an m64n64 wgmma with constraint `con`.
+#define DSV4_IX_ACC32(con, d)                                                                                   \
+  con(d[0]), con(d[1]), con(d[2]), con(d[3]), con(d[4]), con(d[5]), con(d[6]), con(d[7]), con(d[8]), con(d[9]),  \
+      con(d[10]), con(d[11]), con(d[12]), con(d[13]), con(d[14]), con(d[15]), con(d[16]), con(d[17]), con(d[18]), \
+      con(d[19]), con(d[20]), con(d[21]), con(d[22]), con(d[23]), con(d[24]), con(d[25]), con(d[26]), con(d[27]), \
+      con(d[28]), con(d[29]), con(d[30]), con(d[31])
+#define DSV4_IX_WGMMA(kind)                                                                                          \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                                      \
+  "wgmma.mma_async.sync.aligned.m64n64k32." kind                                                                    \
+  " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p"
+
 // D[64 x 64] (+)= A[64 x 32] B[32 x 64], s8 x s8 -> s32; A in registers, B
-// K-major in shared memory (descriptor db). kScaleD = 0 overwrites D. (An
-// immediate: as a register operand the compiler may hand it the register of
-// an accumulator holding the same value, and ptxas then serializes the chain.)
+// K-major in shared memory (descriptor db). kScaleD = 0 overwrites D, whose
+// registers are then outputs only: the chain's first step needs no zeroed
+// accumulators (32 moves per chain otherwise). (kScaleD is an immediate: as
+// a register operand the compiler may hand it the register of an
+// accumulator holding the same value, and ptxas then serializes the chain.)
 template <int kScaleD>
 __device__ __forceinline__ void wgmma_s8_rs(uint32_t (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]),
-        "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]),
-        "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]),
-        "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kScaleD));
+  if constexpr (kScaleD == 0)
+    asm volatile(DSV4_IX_WGMMA("s32.s8.s8") ";\n}\n"
+                 : DSV4_IX_ACC32("=r", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kScaleD));
+  else
+    asm volatile(DSV4_IX_WGMMA("s32.s8.s8") ";\n}\n"
+                 : DSV4_IX_ACC32("+r", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kScaleD));
 }
 
 // The same with e4m3 operands and fp32 accumulation.
 template <int kScaleD>
 __device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kScaleD));
+  if constexpr (kScaleD == 0)
+    asm volatile(DSV4_IX_WGMMA("f32.e4m3.e4m3") ", 1, 1;\n}\n"
+                 : DSV4_IX_ACC32("=f", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kScaleD));
+  else
+    asm volatile(DSV4_IX_WGMMA("f32.e4m3.e4m3") ", 1, 1;\n}\n"
+                 : DSV4_IX_ACC32("+f", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kScaleD));
 }
+#undef DSV4_IX_WGMMA
+#undef DSV4_IX_ACC32
 
 // Pins accumulator registers after wgmma_wait (the compiler does not know
 // that wgmma writes them asynchronously).

@@ -177,15 +177,61 @@ __device__ __forceinline__ int fold_shift(const Fold& f, uint32_t scale_word, ui
 
 __device__ __forceinline__ uint32_t nonzero_e2m1(uint32_t w) { return (w & 0x77777777u) != 0 ? 1u : 0u; }
 
+// mxfp4_fold and fold_shift for a key row whose four blocks are held by a
+// quad of lanes (lane q: block q; `used`: its codes are not all zero): the
+// smallest and largest used exponents from two rounds of shuffles. (With
+// mxfp4_fold, every lane of the quad folded the whole record: about 45
+// instructions a row, where this takes about 20.)
+struct QuadFold {
+  int emin, shift;  // Fold::emin; this lane's block shift
+  bool ok;          // Fold::ok
+};
+__device__ __forceinline__ QuadFold quad_fold(uint32_t scale_word, bool used, int q) {
+  const int e = int((scale_word >> (8 * q)) & 0xffu) - 127;
+  // Some block's scale byte is 0xff (NaN): its low 7 bits + 1 carry into bit 7.
+  const bool nan = (((scale_word & 0x7f7f7f7fu) + 0x01010101u) & scale_word & 0x80808080u) != 0;
+  int lo = used ? e : 1000, hi = used ? e : -1000;
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  const bool none = hi < lo;  // all codes zero: any exponent; Eq = 0
+  lo = none ? 1 : lo;
+  hi = none ? 1 : hi;
+  QuadFold f;
+  f.emin = lo;
+  f.shift = used ? min(max(e - lo, 0), 3) : 0;
+  f.ok = !nan & (hi - lo <= 3) & (lo - 1 >= -kFastExp) & (lo - 1 <= kFastExp);
+  return f;
+}
+
+// 2^e for the fast path's exponents (|e| <= kFastExp; others are clamped:
+// their scores are overwritten by the exact path), without exp2_int's branches.
+__device__ __forceinline__ float pow2_fast(int e) {
+  return __int_as_float((min(max(e, -kFastExp), kFastExp) + 127) << 23);
+}
+
 // ---- the unit's queries --------------------------------------------------------
-// Thread (tl, h) = (tid / 64, tid % 64) writes B row h of token tl: chunk c
-// word qq holds dims 32 qq + 4 c .. + 3 (the permuted K order of the A
-// fragments, see score_tile), and the head's w'' into the weight pairs.
+// Word i of v, for an i that may vary by thread (no indexed array: it would
+// live in local memory).
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// P = kThreads / (64 kMaxG) threads per query head: thread (tl, h, part) =
+// (tid / (64 P), tid / P % 64, tid % P) writes chunks part, part + P, .. of B row h of token
+// tl, where chunk c word qq holds dims 32 qq + 4 c .. + 3 (the permuted K
+// order of the A fragments, see score_tile); part 0 also writes the head's w''
+// into the weight pairs. (The decode shape has 8 threads per head: with one
+// per head, 2 of its 16 warps converted the queries while the others waited.)
 template <class C>
 __device__ void load_queries(const IndexerSelectParams& p, const Smem<C>& s, const Group& gr) {
   constexpr bool kFp8 = C::kFp8;
+  constexpr int P = C::kThreads / (kHeads * C::kMaxG);
+  static_assert(P >= 1 && 8 % P == 0 && P * kHeads * C::kMaxG == C::kThreads, "threads per query head");
   auto* m = s.misc();
-  const int tid = threadIdx.x, tl = tid >> 6, h = tid & 63;
+  const int tid = threadIdx.x, tl = tid / (kHeads * P), h = tid / P % kHeads, part = tid % P;
   bool ok = true;
   if (tl < min(gr.count, C::kMaxG)) {
     const int t = gr.first + tl;
@@ -194,38 +240,37 @@ __device__ void load_queries(const IndexerSelectParams& p, const Smem<C>& s, con
     int eq = 0;
     if constexpr (kFp8) {
       const uint4* rec = reinterpret_cast<const uint4*>(p.queries.codes + e * kIndexDim);
-      uint32_t w[32];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const uint4 v = __ldg(rec + i);
-        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+      for (int j = 0; j < 8 / P; ++j) {
+        const int c = part + P * j;  // word qq: word 8 qq + c of the record, in its 16-byte piece 2 qq + c / 4
+        uint32_t o[4];
+#pragma unroll
+        for (int qq = 0; qq < 4; ++qq) o[qq] = word_of(__ldg(rec + 2 * qq + (c >> 2)), c & 3);
+        *reinterpret_cast<uint4*>(row + swz(h, c)) = make_uint4(o[0], o[1], o[2], o[3]);
       }
-#pragma unroll
-      for (int c = 0; c < 8; ++c)
-        *reinterpret_cast<uint4*>(row + swz(h, c)) = make_uint4(w[c], w[8 + c], w[16 + c], w[24 + c]);
       const float qs = __ldg(reinterpret_cast<const float*>(p.queries.scales + e * kIndexerScaleBytes));
       ok = fp8_scale_ok(qs, eq);
     } else {
       const uint4* rec = reinterpret_cast<const uint4*>(p.queries.codes + e * (kIndexDim / 2));
-      uint32_t w[16];
+      uint4 v[4];
       uint32_t nonzero = 0;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const uint4 v = __ldg(rec + i);
-        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-        nonzero |= (nonzero_e2m1(v.x | v.y | v.z | v.w)) << i;  // block i = 16 bytes
+        v[i] = __ldg(rec + i);
+        nonzero |= (nonzero_e2m1(v[i].x | v[i].y | v[i].z | v[i].w)) << i;  // block i = 16 bytes
       }
       const uint32_t sw = __ldg(reinterpret_cast<const uint32_t*>(p.queries.scales + e * kIndexerScaleBytes));
       const Fold f = mxfp4_fold(sw, nonzero);
       ok = f.ok;
       eq = f.emin - 1;
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
+      for (int j = 0; j < 8 / P; ++j) {
+        const int c = part + P * j;
         uint32_t o[4];
 #pragma unroll
         for (int qq = 0; qq < 4; ++qq) {
           // dims 32 qq + 4 c .. + 3: bytes 16 qq + 2 c, + 1 of the record
-          const uint32_t word = w[4 * qq + (c >> 1)];
+          const uint32_t word = word_of(v[qq], c >> 1);
           o[qq] = e2m1x4_to_s8((c & 1) ? (word >> 16) : (word & 0xffffu), fold_shift(f, sw, nonzero, qq));
         }
         *reinterpret_cast<uint4*>(row + swz(h, c)) = make_uint4(o[0], o[1], o[2], o[3]);
@@ -233,10 +278,12 @@ __device__ void load_queries(const IndexerSelectParams& p, const Smem<C>& s, con
     }
     const float w = __ldg(p.queries.weights + e);
     ok = ok && weight_ok(w);
-    const float w2 = __fmul_rn(w, exp2_int(min(max(eq, -kFastExp), kFastExp)));  // exact when ok
-    reinterpret_cast<uint16_t*>(s.wpairs())[((tl * 4 + ((h & 7) >> 1)) * 8 + (h >> 3)) * 2 + (h & 1)] =
-        bf16_bits(w2);
-    if (h == 0) {
+    if (part == 0) {
+      const float w2 = __fmul_rn(w, pow2_fast(eq));  // exact when ok
+      reinterpret_cast<uint16_t*>(s.wpairs())[((tl * 4 + ((h & 7) >> 1)) * 8 + (h >> 3)) * 2 + (h & 1)] =
+          bf16_bits(w2);
+    }
+    if (h == 0 && part == 0) {
       m->tok_t[tl] = t;
       m->tok_n[tl] = int(indexer_visible(p.positions[t]));
     }
@@ -254,30 +301,39 @@ __device__ void load_queries(const IndexerSelectParams& p, const Smem<C>& s, con
 // ---- keys: cp.async of one page into a stage ----------------------------------------
 struct TileRef {
   const uint8_t* page;  // null: no page (the tile has no keys)
-  int64_t j0;
 };
-__device__ __forceinline__ TileRef tile_ref(const IndexerSelectParams& p, int run, int tile) {
-  const BlockTableView& tb = p.c4a_table;
-  const int64_t col = int64_t(tile) - tb.first[run];
-  int32_t page = -1;
-  if (col >= 0 && col < tb.width) page = tb.pages[int64_t(run) * tb.width + col];
-  TileRef r{nullptr, int64_t(tile) * kTileKeys};
-  if (page >= 0 && page < p.keys.num_pages) r.page = p.keys.base + size_t(page) * p.keys.page_stride;
-  return r;
-}
+// The pages of a run's tiles: its row of the C4A block table, whose first
+// column is read once per unit (not once per tile, on the tile's critical path).
+struct RunPages {
+  const int32_t* row;
+  int64_t first;  // tile of column 0
+  int width;
+  KvPages keys;
+  __device__ RunPages(const IndexerSelectParams& p, int run)
+      : row(p.c4a_table.pages + int64_t(run) * p.c4a_table.width), first(p.c4a_table.first[run]),
+        width(p.c4a_table.width), keys(p.keys) {}
+  __device__ TileRef operator()(int tile) const {
+    const int64_t col = int64_t(tile) - first;
+    int32_t page = -1;
+    if (col >= 0 && col < width) page = row[col];
+    return TileRef{page >= 0 && page < keys.num_pages ? keys.page(page) : nullptr};
+  }
+};
 
 // Stage layout = the page's: codes of rows 0..63, then their 4 scale bytes.
-// Rows at or beyond n_max are zero filled without a read (`dummy`, any
-// global address, stands in for their source).
+// Rows at or beyond `rows` (the tile's keys some token sees) are zero filled
+// without a read (`dummy`, any global address, stands in for their source).
 template <class C>
-__device__ __forceinline__ void issue_tile(const TileRef& ref, uint8_t* stage, int n_max, int wt, const void* dummy) {
+__device__ __forceinline__ void issue_tile(const TileRef& ref, uint8_t* stage, int rows, int wt, const void* dummy) {
   constexpr int kCode = C::kFp8 ? kIndexDim : kIndexDim / 2;
-  constexpr int kChunks = C::kStageBytes / 16, kCodeChunks = kTileKeys * kCode / 16;
+  constexpr int kChunks = C::kStageBytes / 16, kRowChunks = kCode / 16, kCodeChunks = kTileKeys * kRowChunks;
   const uint32_t dst = smem_u32(stage);
-  for (int c = wt; c < kChunks; c += 128) {
-    bool valid = ref.page != nullptr;
-    if (c < kCodeChunks) valid = valid && ref.j0 + c / (kCode / 16) < n_max;
-    cp_async_16(dst + 16 * c, valid ? static_cast<const void*>(ref.page + size_t(c) * 16) : dummy, valid ? 16u : 0u);
+#pragma unroll
+  for (int i = 0; i < (kChunks + 127) / 128; ++i) {
+    const int c = wt + 128 * i;
+    if (c >= kChunks) break;
+    const bool valid = ref.page != nullptr && (c >= kCodeChunks || c / kRowChunks < rows);
+    cp_async_16(dst + 16 * c, valid ? static_cast<const void*>(ref.page + 16 * c) : dummy, valid ? 16u : 0u);
   }
 }
 
@@ -349,17 +405,16 @@ __device__ __forceinline__ void wg_sync(int wg) { bar_sync(1 + wg, 128); }
 // kG tokens' wgmma chains on the tile in `stage` (keys j0 ..), the scores of
 // token tl into score slot tl. kG is a template parameter so that no branch
 // depends on it while a wgmma chain is in flight (ptxas would serialize the
-// chains). n_max: the group's most visible keys (rows at or past it are not
-// read).
+// chains). rows: the tile's keys some token of the group sees (rows at or
+// past it were not read). Returns whether this thread's keys pass the fast
+// path's checks.
 template <class C, int kG>
-__device__ void score_tile(const IndexerSelectParams& p, const Smem<C>& s, const uint8_t* stage, int wg, int64_t j0,
-                           int n_max) {
+__device__ bool score_tile(const Smem<C>& s, const uint8_t* stage, int wg, int rows) {
   constexpr bool kFp8 = C::kFp8;
   constexpr int kCode = kFp8 ? kIndexDim : kIndexDim / 2;
   const int wt = threadIdx.x & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, q = lane & 3;
   const int r0 = 16 * warp + g, r1 = r0 + 8;
-  const auto* m = s.misc();
-  const bool valid0 = j0 + r0 < n_max, valid1 = j0 + r1 < n_max;
+  const bool valid0 = r0 < rows, valid1 = r1 < rows;
   // This lane's 32 elements of each of its two rows (bytes 16 q.. of an MXFP4
   // row = block q; bytes 32 q.. of an FP8 row) and the rows' scales.
   uint32_t w0[kFp8 ? 8 : 4], w1[kFp8 ? 8 : 4];
@@ -378,24 +433,15 @@ __device__ void score_tile(const IndexerSelectParams& p, const Smem<C>& s, const
     const bool ok0 = fp8_scale_ok(__uint_as_float(sc0), ek0), ok1 = fp8_scale_ok(__uint_as_float(sc1), ek1);
     ok = (!valid0 | ok0) & (!valid1 | ok1);
   } else {
-    // Which blocks of the two rows hold a nonzero code: lanes 4 g .. 4 g + 3 hold blocks 0..3.
-    const uint32_t nz0 = __ballot_sync(0xffffffffu, nonzero_e2m1(w0[0] | w0[1] | w0[2] | w0[3]) != 0);
-    const uint32_t nz1 = __ballot_sync(0xffffffffu, nonzero_e2m1(w1[0] | w1[1] | w1[2] | w1[3]) != 0);
-    const uint32_t u0 = (nz0 >> (4 * g)) & 0xfu, u1 = (nz1 >> (4 * g)) & 0xfu;
-    const Fold f0 = mxfp4_fold(sc0, u0), f1 = mxfp4_fold(sc1, u1);
+    // Lanes 4 g .. 4 g + 3 hold blocks 0..3 of both rows.
+    const QuadFold f0 = quad_fold(sc0, nonzero_e2m1(w0[0] | w0[1] | w0[2] | w0[3]) != 0, q);
+    const QuadFold f1 = quad_fold(sc1, nonzero_e2m1(w1[0] | w1[1] | w1[2] | w1[3]) != 0, q);
     ek0 = f0.emin - 1;
     ek1 = f1.emin - 1;
-    shift0 = fold_shift(f0, sc0, u0, q);
-    shift1 = fold_shift(f1, sc1, u1, q);
+    shift0 = f0.shift;
+    shift1 = f1.shift;
     ok = (!valid0 | f0.ok) & (!valid1 | f1.ok);
   }
-  // Warpgroup-wide: any key outside the fast path's range? (Also a barrier.)
-  uint32_t bad;
-  asm volatile(
-      "{\n.reg .pred p, r;\nsetp.eq.u32 p, %1, 0;\nbar.red.or.pred r, %2, 128, p;\nselp.u32 %0, 1, 0, r;\n}\n"
-      : "=r"(bad)
-      : "r"(uint32_t(ok)), "r"(1 + wg)
-      : "memory");
   // A fragments: k-step st takes word st (MXFP4: 8 codes) or words 2 st, 2 st + 1 (FP8).
   uint32_t a[4][4];
 #pragma unroll
@@ -418,14 +464,12 @@ __device__ void score_tile(const IndexerSelectParams& p, const Smem<C>& s, const
   for (int st = 0; st < 4; ++st)
 #pragma unroll
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[st][i]));
-  const float kscale0 = exp2_int(ek0), kscale1 = exp2_int(ek1);
+  const float kscale0 = pow2_fast(ek0), kscale1 = pow2_fast(ek1);
   const uint32_t qbase = smem_u32(s.base + C::kOffQ);
   // Token tl + 1's chain runs while token tl's epilogue does (two accumulator sets).
   using Acc = std::conditional_t<kFp8, float, uint32_t>;
   Acc acc0[32], acc1[32];
-  auto issue = [&](int tl, Acc(&acc)[32]) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) acc[i] = Acc(0);  // overwritten (scale-d 0)
+  auto issue = [&](int tl, Acc(&acc)[32]) {  // (the first step overwrites acc)
     const uint64_t db = sw128_desc(qbase + tl * kQTileBytes, 16, 1024);
     wgmma_fence();
     if constexpr (kFp8) {
@@ -460,13 +504,7 @@ __device__ void score_tile(const IndexerSelectParams& p, const Smem<C>& s, const
     out[r0] = __fmul_rn(s0, kscale0);
     out[r1] = __fmul_rn(s1, kscale1);
   }
-  // A key or token outside the fast path's range: the exact path overwrites
-  // the tile's scores. (After the chains, not around them: a wgmma under a
-  // data-dependent branch makes ptxas serialize the chains.)
-  if (bad || !m->all_ok) {
-    wg_sync(wg);  // the fast path's stores land first
-    tile_exact(p, s, stage, wg, wt, kG, j0);
-  }
+  return ok;
 }
 
 // Cuts a warpgroup's buffer of one token to its best k; raises the threshold.
@@ -500,13 +538,24 @@ template <class C, bool kSelect, int kG>
 __device__ void consume(const IndexerSelectParams& p, const Smem<C>& s, const Group& gr, const Unit& un) {
   const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127, lane = wt & 31;
   auto* m = s.misc();
-  int n_max = 0;
+  int n_max = 0;  // the group's most visible keys
   for (int tl = 0; tl < kG; ++tl) n_max = max(n_max, m->tok_n[tl]);
   const int first = un.tile_begin + wg;
   const int mine = first < un.tile_end ? (un.tile_end - first + C::kW - 1) / C::kW : 0;
   auto tile_of = [&](int i) { return first + C::kW * i; };
+  auto rows_of = [&](int i) { return min(max(n_max - tile_of(i) * kTileKeys, 0), kTileKeys); };
+  const RunPages pages(p, gr.run);
+  // Bit kStages - 1 - d says whether the tile issued d tiles after tile i
+  // has a page, so that each tile's page is looked up once, when it is issued.
+  uint32_t has_page = 0;
   auto issue = [&](int i) {  // one commit group per tile, empty past the last
-    if (i < mine) issue_tile<C>(tile_ref(p, gr.run, tile_of(i)), s.stage(wg, i % kStages), n_max, wt, p.queries.codes);
+    bool page = false;
+    if (i < mine) {
+      const TileRef ref = pages(tile_of(i));
+      page = ref.page != nullptr;
+      issue_tile<C>(ref, s.stage(wg, i % kStages), rows_of(i), wt, p.queries.codes);
+    }
+    has_page = (has_page << 1) | uint32_t(page);
     cp_async_commit();
   };
   for (int i = 0; i < kStages - 1; ++i) issue(i);
@@ -514,14 +563,22 @@ __device__ void consume(const IndexerSelectParams& p, const Smem<C>& s, const Gr
     issue(i + kStages - 1);
     cp_async_wait_group<kStages - 1>();  // this thread's copies of tile i have landed
     wg_sync(wg);                         // and everyone's
-    const TileRef ref = tile_ref(p, gr.run, tile_of(i));
-    if (ref.page == nullptr) continue;   // no page: no keys (uniform)
-    score_tile<C, kG>(p, s, s.stage(wg, i % kStages), wg, ref.j0, n_max);
-    wg_sync(wg);  // scores visible
+    if (((has_page >> (kStages - 1)) & 1u) == 0) continue;  // no page: no keys (uniform)
+    const int64_t j0 = int64_t(tile_of(i)) * kTileKeys;
+    const bool ok = score_tile<C, kG>(s, s.stage(wg, i % kStages), wg, rows_of(i));
+    // The scores are visible after this barrier, which also tells whether any
+    // key of the tile is outside the fast path's range. Then, or for a token
+    // outside it, the exact path overwrites the tile's scores. (After the
+    // chains, not around them: a wgmma under a data-dependent branch makes
+    // ptxas serialize the chains.)
+    if (bar_red_or(!ok, 1 + wg, 128) || !m->all_ok) {
+      tile_exact(p, s, s.stage(wg, i % kStages), wg, wt, kG, j0);
+      wg_sync(wg);
+    }
     if constexpr (kSelect) {
       for (int base = 0; base < kG * kTileKeys; base += 128) {
         const int pair = base + wt, tl = min(pair / kTileKeys, kG - 1), r = pair % kTileKeys;
-        const int64_t j = ref.j0 + r;
+        const int64_t j = j0 + r;
         bool take = pair < kG * kTileKeys && j < m->tok_n[tl];
         const uint64_t key = take ? indexer_order_key(s.scores(wg, tl)[r], j) : 0;
         take = take && key > m->tau[wg][tl];
@@ -568,27 +625,30 @@ __device__ void write_lists(const SelectArgs& a, const Smem<C>& s, const Group& 
                                         for (int i = 0; i < kPer; ++i) f(keys[i]);
                                       },
                                       uint32_t(k), s.hist(C::kW), m->sel[C::kW], tid, C::kThreads, [] { __syncthreads(); });
-    const int64_t list = int64_t(gr.list_base) + int64_t(un.split) * gr.count + tl;
+    const int64_t list = list_index(gr, un.split, tl);
     uint64_t* out = a.ws.list_keys + list * a.ws.list_stride;
     // A list with a bound is sorted best first, so that finalize reads only
     // its keys at or above the token's bound, a prefix (see
     // indexer_select_internal.cuh); the bound is then the sorted list's m-th
     // key. It is sorted in buf(0, tl), whose keys every thread holds in
     // registers by the barrier below.
-    uint64_t* dst = sort ? s.buf(0, tl) : out;
+    // (The sort goes through the shared buffer's own pointer, not `dst`: its
+    // accesses then compile as shared, not generic, ones.)
+    uint64_t* const sorted = s.buf(0, tl);
+    uint64_t* const dst = sort ? sorted : out;
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kPer; ++i) warp_append(keys[i] != 0 && keys[i] >= kth, keys[i], dst, &m->out_count, lane);
     __syncthreads();
     if (sort) {
       const int kept = m->out_count;
-      bitonic_sort_desc<C::kThreads, C::kSortPerThread>(dst, kept, tid);
-      for (int i = tid; i < kept; i += C::kThreads) out[i] = dst[i];
+      bitonic_sort_desc<C::kThreads, C::kSortPerThread>(sorted, kept, tid);
+      for (int i = tid; i < kept; i += C::kThreads) out[i] = sorted[i];
     }
     if (tid == 0) {  // (m->out_count is reset after the barriers of the sort, which read it)
       const int kept = m->out_count;
       const int need = (k + gr.units - 1) / gr.units;  // m = ceil(k / units)
-      if (sort) a.ws.list_bounds[list] = kept >= need ? dst[need - 1] : 0;
+      if (sort) a.ws.list_bounds[list] = kept >= need ? sorted[need - 1] : 0;
       a.ws.list_counts[list] = kept;
       m->out_count = 0;
     }
@@ -648,7 +708,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) score_kernel(const SelectArgs 
       write_lists(a, s, gr, un);
     } else {
       if (threadIdx.x < gr.count)
-        a.ws.list_counts[int64_t(gr.list_base) + int64_t(un.split) * gr.count + threadIdx.x] = 0;
+        a.ws.list_counts[list_index(gr, un.split, threadIdx.x)] = 0;
       __syncthreads();
     }
     if (units <= int(gridDim.x)) break;  // every unit was someone's first

@@ -74,6 +74,12 @@ struct Workspace {
   int list_stride = 0;     // keys per list (the limits' topk)
 };
 
+// Index of the list of the group's token tl written by the unit of split
+// `split` (its lists follow the group's list_base, a unit's tokens together).
+__device__ __forceinline__ int64_t list_index(const Group& g, int split, int tl) {
+  return int64_t(g.list_base) + int64_t(split) * g.count + tl;
+}
+
 // Whether the score kernel writes the group's list bounds (see above): more
 // than one list and more keys than finalize can stage.
 __device__ __forceinline__ bool has_list_bounds(const Group& g) {

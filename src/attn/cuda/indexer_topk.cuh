@@ -1,20 +1,21 @@
 #pragma once
 // Selection building blocks of the CUDA indexer on order keys
-// (indexer_order_key: unique, bigger is better, 0 = empty): the k-th
-// largest key by radix select, and a bitonic sort. Candidates are appended
-// with shared-memory atomics, so their order in a buffer varies from run to
-// run; everything here depends only on the set of keys, and the final lists
-// are sorted, so results are the same bits every run.
+// (indexer_order_key: unique, bigger is better, 0 = empty): a threshold with
+// exactly k keys at or above it by radix select, and a bitonic sort.
+// Candidates are appended with shared-memory atomics, so their order in a
+// buffer varies from run to run; everything here depends only on the set of
+// keys, and the final lists are sorted, so results are the same bits every run.
 #include <cstdint>
 
 namespace dsv4::cuda::ix {
 
-// Marker bit of every real key: the first digit of a radix pass starts below it.
-inline constexpr int kKeyTopBit = 34;
+// sel[0] flag: the keys wanted from the digit's bin are all of its keys.
+inline constexpr uint32_t kWholeBin = 0x80000000u;
 
 // One warp: in hist[0 .. 2^kBits) (counts of one digit among the keys that
 // match the prefix so far), the largest digit D with at least `need` keys at
-// or above it. Writes sel[0] = D and sel[1] = need minus the keys above D.
+// or above it. Writes sel[0] = D (| kWholeBin when exactly `need` keys are
+// at or above D) and sel[1] = need minus the keys above D.
 // Needs 1 <= need <= sum of hist.
 template <int kBits>
 __device__ __forceinline__ void radix_find(const uint32_t* hist, uint32_t* sel, uint32_t need, int lane) {
@@ -35,7 +36,7 @@ __device__ __forceinline__ void radix_find(const uint32_t* hist, uint32_t* sel, 
     for (int i = 0; i < kPerLane; ++i) {
       const uint32_t c = hist[top - i];
       if (cum + c >= need) {
-        sel[0] = uint32_t(top - i);
+        sel[0] = uint32_t(top - i) | (cum + c == need ? kWholeBin : 0u);
         sel[1] = need - cum;
         break;
       }
@@ -44,33 +45,56 @@ __device__ __forceinline__ void radix_find(const uint32_t* hist, uint32_t* sel, 
   }
 }
 
-// The k-th largest key among the keys that `visit` enumerates, over the
-// threads tid = 0 .. nthreads - 1 that call it together (sync() is their
-// barrier; nthreads a multiple of 32). visit(f) calls f(key) for every key
-// this thread holds (0 = empty, skipped), from whole warps in step.
+// A threshold with exactly k of the keys that `visit` enumerates at or above
+// it: the k-th largest key, or a smaller value with no key between the two.
+// Over the threads tid = 0 .. nthreads - 1 that call it together (sync() is
+// their barrier; nthreads a multiple of 32). visit(f) calls f(key) for every
+// key this thread holds (0 = empty, skipped), from whole warps in step.
 // kWarpAggregate: a warp's lanes with the same digit add to the histogram
-// once. Finalize wants it: at long context its candidates share their
-// leading bits, and plain atomics on the first digit serialize 32 ways. The
-// score kernel's keys differ in those bits, and there __match_any_sync only
-// costs (1.3 ms of a 128 x 64K step, docs/perf-notes.md run G1).
+// once (finalize; the score kernel uses one plain atomic per key, which was
+// faster there: docs/perf-notes.md run G1).
 // hist: 2^kBits words, sel: 2 words of shared memory, used by no other
 // thread while this runs. Needs 1 <= k <= number of keys.
-// Digits of kBits from bit 33 down. Three barriers per digit order every
-// reuse: hist is zeroed before [1], counted before [2], read by radix_find
-// before [3] and zeroed again only after [3]; sel is written before [3],
-// read after it, and written again only after the next digit's [1] and [2].
+// The digits start below the bits every key shares (found by a first pass
+// that ANDs and ORs the keys): a unit's candidates share their score's
+// leading bits, which as a first digit put them all in a few bins, each a
+// chain of same-address atomics. Digits of kBits follow; the passes stop at
+// a digit whose bin is wanted whole (exactly k keys at or above it). Three
+// barriers per digit order every reuse: hist is zeroed before [1], counted
+// before [2], read by radix_find before [3] and zeroed again only after [3];
+// sel is written before [3], read after it, and written again only after the
+// next digit's [1] and [2]. The shared bits use hist[0..3] between [a], [b]
+// and [c].
 template <int kBits, bool kWarpAggregate = true, typename Visit, typename Sync>
 __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_t* sel, int tid, int nthreads,
                               Sync&& sync) {
-  uint64_t prefix = uint64_t(1) << kKeyTopBit, mask = prefix;
+  if (tid < 4) hist[tid] = tid < 2 ? ~0u : 0u;  // AND of the low, high halves; OR of the low, high halves
+  uint32_t and_lo = ~0u, and_hi = ~0u, or_lo = 0, or_hi = 0;
+  visit([&](uint64_t key) {
+    if (key == 0) return;
+    and_lo &= uint32_t(key), and_hi &= uint32_t(key >> 32);
+    or_lo |= uint32_t(key), or_hi |= uint32_t(key >> 32);
+  });
+  and_lo = __reduce_and_sync(0xffffffffu, and_lo), and_hi = __reduce_and_sync(0xffffffffu, and_hi);
+  or_lo = __reduce_or_sync(0xffffffffu, or_lo), or_hi = __reduce_or_sync(0xffffffffu, or_hi);
+  sync();  // [a]
+  if ((tid & 31) == 0) {
+    atomicAnd(hist, and_lo), atomicAnd(hist + 1, and_hi);
+    atomicOr(hist + 2, or_lo), atomicOr(hist + 3, or_hi);
+  }
+  sync();  // [b]
+  const uint64_t all = (uint64_t(hist[1]) << 32) | hist[0], any = (uint64_t(hist[3]) << 32) | hist[2];
+  sync();  // [c]
+  int hi = 64 - __clzll(all ^ any);  // bits hi and up are the same in every key
+  uint64_t mask = hi < 64 ? ~((uint64_t(1) << hi) - 1) : 0, prefix = all & mask;
   uint32_t need = k;
-  for (int hi = kKeyTopBit; hi > 0; hi -= kBits) {
+  for (; hi > 0; hi -= kBits) {
     const int width = hi < kBits ? hi : kBits, shift = hi - width;
     const uint32_t digit_mask = (1u << width) - 1u;
     for (int i = tid; i < (1 << kBits); i += nthreads) hist[i] = 0;
     sync();  // [1]
     visit([&](uint64_t key) {
-      const bool in = (key & mask) == prefix;
+      const bool in = (key & mask) == prefix;  // (not 0: every key has the marker bit 34, a shared bit)
       const uint32_t bin = in ? uint32_t((key >> shift) & digit_mask) : ~0u;
       if constexpr (kWarpAggregate) {
         const uint32_t peers = __match_any_sync(0xffffffffu, bin);
@@ -84,10 +108,11 @@ __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_
     sync();  // [3]
     const uint32_t d = sel[0];
     need = sel[1];
-    prefix |= uint64_t(d) << shift;
+    prefix |= uint64_t(d & ~kWholeBin) << shift;
     mask |= uint64_t(digit_mask) << shift;
+    if (d & kWholeBin) break;  // exactly k keys are >= prefix (its lower bits 0)
   }
-  return prefix;  // every bit fixed: the key itself (keys are unique)
+  return prefix;  // with every bit fixed: the k-th key itself (keys are unique)
 }
 
 // Sorts s[0 .. n) descending in place (keys unique but for 0s), over the

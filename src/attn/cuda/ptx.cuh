@@ -97,6 +97,16 @@ __device__ __forceinline__ void wgmma_m64n256k16_tb(float (&d)[128], uint64_t da
 __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+// bar_sync that also ORs `pred` over the `count` threads: every one gets the result.
+__device__ __forceinline__ bool bar_red_or(bool pred, uint32_t id, uint32_t count) {
+  uint32_t any;
+  asm volatile(
+      "{\n.reg .pred p, r;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred r, %2, %3, p;\nselp.u32 %0, 1, 0, r;\n}\n"
+      : "=r"(any)
+      : "r"(uint32_t(pred)), "r"(id), "r"(count)
+      : "memory");
+  return any != 0;
+}
 // Counts this thread towards the barrier without waiting (the other side syncs).
 __device__ __forceinline__ void named_arrive(uint32_t id, uint32_t count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");

@@ -267,6 +267,7 @@ struct World {
 struct WorldOptions {
   int64_t page_offset = 0;  // first page id handed out (big: byte offsets past 2^31)
   double slow_key_rate = 0;  // MXFP4 keys with a block 2^5 below the others (the exact path)
+  double odd_key_rate = 0;   // MXFP4 keys with blocks of zero codes or NaN scales (odd_key below)
   int duplicate_every = 0;   // > 0: every key j with j % this != 0 copies key j - j % this (exact ties)
   bool one_key = false;      // every key of a run is its first key (one score)
   uint32_t seed = 1;
@@ -283,6 +284,25 @@ void random_key(std::mt19937& rng, IndexKeyFormat f, bool slow, uint8_t* page, i
     for (int i = 0; i < 32; ++i) v[32 * b + i] = nd(rng) * s;
   }
   index_key_encode(f, v, page, kIndexerKeysPerPage, t);
+}
+
+// Rewrites an MXFP4 record (key t of the page) in one of four odd ways the
+// fast path's fold must tell apart: (0) a block of zero codes whose scale
+// byte is far from the others' (it must not count), (1) every code zero (no
+// block counts), (2) a NaN (0xff) scale byte (the exact path), (3) a zero
+// block with a NaN scale (the exact path: the CPU's dot sees the NaN).
+void odd_key(std::mt19937& rng, uint8_t* page, int t) {
+  constexpr int cb = kIndexDim / 2;
+  uint8_t* codes = page + size_t(cb) * t;
+  uint8_t* scales = page + size_t(cb) * kIndexerKeysPerPage + 4 * size_t(t);
+  const int kind = int(rng() % 4), b = int(rng() % 4);
+  static constexpr uint8_t kFar[] = {0x00, 0x01, 0x20, 0xe0, 0xfe};
+  if (kind == 1) {
+    std::memset(codes, 0, cb);
+    return;
+  }
+  if (kind != 2) std::memset(codes + 16 * b, 0, 16);
+  scales[b] = kind == 0 ? kFar[rng() % 5] : 0xff;
 }
 
 World make_world(IndexKeyFormat f, int topk, const std::vector<RunSpec>& runs, const WorldOptions& opt) {
@@ -319,6 +339,8 @@ World make_world(IndexKeyFormat f, int topk, const std::vector<RunSpec>& runs, c
       for (int t = 0; t < kIndexerKeysPerPage; ++t) {
         const bool slow = f == IndexKeyFormat::kMxfp4 && std::generate_canonical<double, 32>(rng) < opt.slow_key_rate;
         random_key(rng, f, slow, base, t);
+        if (f == IndexKeyFormat::kMxfp4 && std::generate_canonical<double, 32>(rng) < opt.odd_key_rate)
+          odd_key(rng, base, t);
       }
       if (opt.duplicate_every > 0 || opt.one_key) {  // copy records within the page: equal keys, equal scores
         const int cb = indexer_code_bytes(f);
@@ -579,6 +601,12 @@ TEST_F(IndexerCudaTest, AllKeysTiePastTheStage) {
 // Keys whose MXFP4 blocks span more than 3 binades take the exact scalar path.
 TEST_F(IndexerCudaTest, WideBlockScalesTakeTheExactPath) {
   run_case(IndexKeyFormat::kMxfp4, 512, {RunSpec{20000, 3, 0}, RunSpec{7000, 1, 0}}, {.slow_key_rate = 0.002, .seed = 10});
+}
+
+// Blocks of zero codes (which the fold skips, whatever their scale), keys of
+// zero codes only, and NaN scales (the exact path): still bit for bit.
+TEST_F(IndexerCudaTest, ZeroBlocksAndNanScales) {
+  run_case(IndexKeyFormat::kMxfp4, 512, {RunSpec{20000, 3, 0}, RunSpec{7000, 1, 0}}, {.odd_key_rate = 0.05, .seed = 24});
 }
 
 // Table rows that start at a later block: the earlier keys have no page and are never picked.
