@@ -20,11 +20,16 @@ namespace dsv4::cuda::ix {
       con(d[10]), con(d[11]), con(d[12]), con(d[13]), con(d[14]), con(d[15]), con(d[16]), con(d[17]), con(d[18]), \
       con(d[19]), con(d[20]), con(d[21]), con(d[22]), con(d[23]), con(d[24]), con(d[25]), con(d[26]), con(d[27]), \
       con(d[28]), con(d[29]), con(d[30]), con(d[31])
-#define DSV4_IX_WGMMA(kind)                                                                                          \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                                      \
-  "wgmma.mma_async.sync.aligned.m64n64k32." kind                                                                    \
-  " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
-  "%24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p"
+// One m64n64k32 wgmma step with A in registers; `tail` ends the instruction
+// (the e4m3 kinds take their input scales there), `con` constrains D.
+#define DSV4_IX_WGMMA_RS(kind, tail, con)                                                                            \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                         \
+               "wgmma.mma_async.sync.aligned.m64n64k32." kind                                                      \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+               "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p" tail       \
+               ";\n}\n"                                                                                              \
+               : DSV4_IX_ACC32(con, d)                                                                             \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kScaleD))
 
 // D[64 x 64] (+)= A[64 x 32] B[32 x 64], s8 x s8 -> s32; A in registers, B
 // K-major in shared memory (descriptor db). kScaleD = 0 overwrites D, whose
@@ -34,29 +39,17 @@ namespace dsv4::cuda::ix {
 // accumulator holding the same value, and ptxas then serializes the chain.)
 template <int kScaleD>
 __device__ __forceinline__ void wgmma_s8_rs(uint32_t (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (kScaleD == 0)
-    asm volatile(DSV4_IX_WGMMA("s32.s8.s8") ";\n}\n"
-                 : DSV4_IX_ACC32("=r", d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kScaleD));
-  else
-    asm volatile(DSV4_IX_WGMMA("s32.s8.s8") ";\n}\n"
-                 : DSV4_IX_ACC32("+r", d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kScaleD));
+  if constexpr (kScaleD == 0) DSV4_IX_WGMMA_RS("s32.s8.s8", "", "=r");
+  else DSV4_IX_WGMMA_RS("s32.s8.s8", "", "+r");
 }
 
 // The same with e4m3 operands and fp32 accumulation.
 template <int kScaleD>
 __device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (kScaleD == 0)
-    asm volatile(DSV4_IX_WGMMA("f32.e4m3.e4m3") ", 1, 1;\n}\n"
-                 : DSV4_IX_ACC32("=f", d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kScaleD));
-  else
-    asm volatile(DSV4_IX_WGMMA("f32.e4m3.e4m3") ", 1, 1;\n}\n"
-                 : DSV4_IX_ACC32("+f", d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(kScaleD));
+  if constexpr (kScaleD == 0) DSV4_IX_WGMMA_RS("f32.e4m3.e4m3", ", 1, 1", "=f");
+  else DSV4_IX_WGMMA_RS("f32.e4m3.e4m3", ", 1, 1", "+f");
 }
-#undef DSV4_IX_WGMMA
+#undef DSV4_IX_WGMMA_RS
 #undef DSV4_IX_ACC32
 
 // Pins accumulator registers after wgmma_wait (the compiler does not know

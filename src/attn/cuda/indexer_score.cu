@@ -138,10 +138,20 @@ struct Fold {
   int emin;
   bool ok;
 };
-// Written without branches: it feeds the A fragments, and a divergent branch
-// there makes ptxas serialize the wgmma chains.
+// The fold from the used blocks' smallest and largest exponents (lo > hi:
+// no block used) and whether some block's scale byte is NaN. Written without
+// branches (as are its callers): it feeds the A fragments, and a divergent
+// branch there makes ptxas serialize the wgmma chains.
+__device__ __forceinline__ Fold fold_of(int lo, int hi, bool nan) {
+  const bool none = hi < lo;  // all codes zero: any exponent; Eq = 0
+  lo = none ? 1 : lo;
+  hi = none ? 1 : hi;
+  return Fold{lo, bool(!nan & (hi - lo <= 3) & (lo - 1 >= -kFastExp) & (lo - 1 <= kFastExp))};
+}
+// A block's shift above the fold's smallest exponent (0 for an unused block).
+__device__ __forceinline__ int block_shift(int e, int emin, bool used) { return used ? min(max(e - emin, 0), 3) : 0; }
+
 __device__ __forceinline__ Fold mxfp4_fold(uint32_t scale_word, uint32_t nonzero) {
-  Fold f;
   int e[4];
   bool used[4];
   int lo = 1000, hi = -1000;
@@ -155,12 +165,7 @@ __device__ __forceinline__ Fold mxfp4_fold(uint32_t scale_word, uint32_t nonzero
     lo = min(lo, used[b] ? e[b] : 1000);
     hi = max(hi, used[b] ? e[b] : -1000);
   }
-  const bool none = hi < lo;  // all codes zero: any exponent; Eq = 0
-  lo = none ? 1 : lo;
-  hi = none ? 1 : hi;
-  f.emin = lo;
-  f.ok = !nan & (hi - lo <= 3) & (lo - 1 >= -kFastExp) & (lo - 1 <= kFastExp);
-  return f;
+  return fold_of(lo, hi, nan);
 }
 // An FP8 record's scale: a positive normal power of two with a small exponent.
 __device__ __forceinline__ bool fp8_scale_ok(float s, int& exponent) {
@@ -171,8 +176,7 @@ __device__ __forceinline__ bool fp8_scale_ok(float s, int& exponent) {
 
 // Block b's shift (b may vary by lane: no array, which would live in local memory).
 __device__ __forceinline__ int fold_shift(const Fold& f, uint32_t scale_word, uint32_t nonzero, int b) {
-  const int e = int((scale_word >> (8 * b)) & 0xffu) - 127;
-  return ((nonzero >> b) & 1u) != 0 ? min(max(e - f.emin, 0), 3) : 0;
+  return block_shift(int((scale_word >> (8 * b)) & 0xffu) - 127, f.emin, ((nonzero >> b) & 1u) != 0);
 }
 
 __device__ __forceinline__ uint32_t nonzero_e2m1(uint32_t w) { return (w & 0x77777777u) != 0 ? 1u : 0u; }
@@ -196,14 +200,8 @@ __device__ __forceinline__ QuadFold quad_fold(uint32_t scale_word, bool used, in
     lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
     hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
   }
-  const bool none = hi < lo;  // all codes zero: any exponent; Eq = 0
-  lo = none ? 1 : lo;
-  hi = none ? 1 : hi;
-  QuadFold f;
-  f.emin = lo;
-  f.shift = used ? min(max(e - lo, 0), 3) : 0;
-  f.ok = !nan & (hi - lo <= 3) & (lo - 1 >= -kFastExp) & (lo - 1 <= kFastExp);
-  return f;
+  const Fold f = fold_of(lo, hi, nan);
+  return QuadFold{f.emin, block_shift(e, f.emin, used), f.ok};
 }
 
 // 2^e for the fast path's exponents (|e| <= kFastExp; others are clamped:
@@ -402,7 +400,7 @@ __device__ void tile_exact(const IndexerSelectParams& p, const Smem<C>& s, const
 __device__ __forceinline__ void wg_sync(int wg) { bar_sync(1 + wg, 128); }
 
 // ---- one tile of a warpgroup ----------------------------------------------------------
-// kG tokens' wgmma chains on the tile in `stage` (keys j0 ..), the scores of
+// kG tokens' wgmma chains on the tile in `stage`, the scores of
 // token tl into score slot tl. kG is a template parameter so that no branch
 // depends on it while a wgmma chain is in flight (ptxas would serialize the
 // chains). rows: the tile's keys some token of the group sees (rows at or
