@@ -21,9 +21,11 @@
 // keys of one call are smaller ("L2" marks the cases that still fit).
 // Decode cases are planned one token per group (IndexerGrouping::
 // kOneTokenPerRun, as the engine's decode steps), prefill chunks by runs;
-// --runs plans every case by runs (the general score kernel).
+// --runs plans every case by runs (the general score kernel); --units N cuts
+// every call into about N units (IndexerSelectCudaLimits::work_units; the
+// default is the op's).
 // Usage: indexer_bench [--quick] [--format mxfp4|fp8] [--topk N] [--tokens T]
-//                      [--context C] [--runs]   (--tokens / --context keep only the cases of that T / context)
+//                      [--context C] [--runs] [--units N]   (--tokens / --context keep only the cases of that T / context)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -214,6 +216,7 @@ int main(int argc, char** argv) {
   std::vector<dsv4::IndexKeyFormat> formats = {dsv4::IndexKeyFormat::kMxfp4, dsv4::IndexKeyFormat::kFp8};
   std::vector<int> topks = {512, 1024};
   int only_tokens = 0;
+  int units = 0;
   int64_t only_context = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -223,8 +226,9 @@ int main(int argc, char** argv) {
     else if (a == "--tokens" && i + 1 < argc) only_tokens = std::atoi(argv[++i]);
     else if (a == "--context" && i + 1 < argc) only_context = std::atoll(argv[++i]);
     else if (a == "--runs") by_runs = true;
+    else if (a == "--units" && i + 1 < argc) units = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--format mxfp4|fp8] [--topk N] [--tokens T] [--context C] [--runs]\n",
+      std::fprintf(stderr, "usage: %s [--quick] [--format mxfp4|fp8] [--topk N] [--tokens T] [--context C] [--runs] [--units N]\n",
                    argv[0]);
       return 2;
     }
@@ -254,7 +258,7 @@ int main(int argc, char** argv) {
       for (const Case& c : cases) {
         World w;
         build(w, c, f, topk, by_runs, 1234 + uint64_t(c.tokens) * 7 + uint64_t(c.context));
-        dsv4::IndexerSelectCuda op({c.tokens, topk});
+        dsv4::IndexerSelectCuda op({c.tokens, topk, units});
         const int reps = reps_for(op, w, s);
         const double call = time_stage(op, w, Stage::kCall, reps, s);
         const double plan = time_stage(op, w, Stage::kPlan, reps, s);

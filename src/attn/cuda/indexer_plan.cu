@@ -14,9 +14,11 @@
 // a group has at most max_group_units units (finalize merges a token's lists
 // on one CTA).
 // A group of c tokens and n tiles is cut into
-// S = min(ceil(c n / L), max(1, n / min_unit_tiles), max_group_units)
+// S = min(max(1, round(c n / L)), max(1, n / min_unit_tiles), max_group_units)
 // units of consecutive tiles. Then sum S <= target + groups and
-// sum S c <= 4 target + tokens, the workspace's bounds.
+// sum S c <= 4 target + tokens, the workspace's bounds. (Rounded, not
+// rounded up: every unit costs a list of k keys, and 128 decode tokens of
+// 256 tiles on 132 CTAs would otherwise take two units each.)
 #include <cuda_runtime.h>
 
 #include "attn/cuda/block_scan.cuh"
@@ -76,7 +78,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) 
   const int64_t unit_work = max(int64_t(1), (total_work + target - 1) / target);
   auto units_of = [&](const Group& gr) -> int64_t {
     if (gr.tiles == 0) return 0;
-    const int64_t by_work = (int64_t(gr.count) * gr.tiles + unit_work - 1) / unit_work;
+    const int64_t by_work = max(int64_t(1), (int64_t(gr.count) * gr.tiles + unit_work / 2) / unit_work);
     return min(min(by_work, max(int64_t(1), int64_t(gr.tiles) / min_unit_tiles)), int64_t(ws.max_group_units));
   };
 

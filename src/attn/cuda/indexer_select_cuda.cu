@@ -20,9 +20,13 @@ void cuda_check(cudaError_t e, const char* what) {
 
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
-// Units per call: about four per multiprocessor, so a persistent CTA takes
-// several and uneven units even out.
-constexpr int kUnitsPerSm = 4;
+// Units per call: about one per multiprocessor. Every unit ends with a list
+// of k keys (a block-wide radix select and, with bounds, a sort) that the
+// finalize kernel merges again; at four per multiprocessor those lists took
+// about a quarter of the score kernel at 128 tokens x 64K (Nsight Compute,
+// docs/perf-notes.md run P3). Uneven units still even out: a persistent CTA
+// takes the next unit from a counter.
+constexpr int kUnitsPerSm = 1;
 
 }  // namespace
 

@@ -38,7 +38,7 @@ enum class IndexerGrouping { kRuns, kOneTokenPerRun };
 struct IndexerSelectCudaLimits {
   int max_tokens = 0;              // tokens of one call
   int topk = kIndexerMaxTopk;      // largest topk of a call (sizes the lists)
-  int work_units = 0;              // units of work a call is cut into (0: four per multiprocessor); fewer
+  int work_units = 0;              // units of work a call is cut into (0: one per multiprocessor); fewer
                                    // make longer units (tests reach the candidate buffers' cuts so)
 };
 

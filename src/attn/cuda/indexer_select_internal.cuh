@@ -8,7 +8,8 @@
 //                      token per run, each token alone) and cuts each
 //                      group's key tiles (a tile = a page = 64 keys) into
 //                      units, so that the units carry about equal work and
-//                      number about 4 per multiprocessor.
+//                      number about one per multiprocessor (each unit
+//                      ends in a list of k keys: fewer units, less of it).
 //  score     (1 CTA/SM, persistent) takes units in turn: scores the unit's
 //                      tiles for the group's tokens on the tensor cores,
 //                      streams a running top-k per token, and writes each

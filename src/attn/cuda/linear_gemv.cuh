@@ -185,21 +185,33 @@ __device__ __forceinline__ void stage_activation(const GemvArgs& a, uint32_t* xs
   }
 }
 
+// Whether this CTA is the last of `count` to arrive at *counter, after the
+// writes of all its threads; the last one then sees every other CTA's. One
+// thread's acq_rel arrival between two CTA barriers carries the whole CTA's
+// writes (release cumulativity of the PTX memory model, CUTLASS's semaphore
+// pattern), where a fence in every thread before and after a plain atomic
+// did the same with more waiting.
+__device__ __forceinline__ bool last_to_arrive(unsigned* counter, unsigned count) {
+  __shared__ int is_last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(before) : "l"(counter) : "memory");
+    is_last = before == count - 1;
+  }
+  __syncthreads();
+  return is_last;
+}
+
 // Sums the splits of this row block in fixed order; false for every CTA but
 // the last to arrive. ct holds this CTA's partial tile on entry and the total
 // on return (true).
 __device__ __forceinline__ bool reduce_splits(const GemvArgs& a, float* ct) {
-  __shared__ int is_last;
   const int rb = blockIdx.x, nrb = gridDim.x;
   const int tile = a.m * kGemvCtaRows;
   float* mine = a.partials + (size_t(blockIdx.y) * nrb + rb) * size_t(tile);
   for (int i = threadIdx.x; i < tile; i += kGemvThreads) mine[i] = ct[(i >> 7) * kCtStride + (i & 127)];
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&a.counters[rb], 1u) == unsigned(a.splits - 1);
-  __syncthreads();
-  if (!is_last) return false;
-  __threadfence();
+  if (!last_to_arrive(&a.counters[rb], unsigned(a.splits))) return false;
   // kBatch independent loads before the first add (a loop of unknown trip
   // count issues them a few at a time: many round trips to L2 for 32
   // splits); the adds stay in split order, so the sum is the same bits.
@@ -252,14 +264,8 @@ __device__ __forceinline__ void write_outputs(const GemvArgs& a, const float* ct
 static_assert(kGemvQHeadRows == kQHeadRows && kGemvThreads == kQHeadThreads && 512 % kGemvCtaRows == 0);
 __device__ __forceinline__ void q_head_tail(const GemvArgs& a, uint32_t* smem) {
   constexpr unsigned kBlocksPerHead = 512 / kGemvCtaRows;
-  __shared__ int is_last;
   const int head = int(blockIdx.x / kBlocksPerHead);
-  __threadfence();  // this block's outputs, before its arrival
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(a.q_head.counters + head, 1u) == kBlocksPerHead - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
+  if (!last_to_arrive(a.q_head.counters + head, kBlocksPerHead)) return;  // after this block's outputs
   uint16_t* y = static_cast<uint16_t*>(a.y) + int64_t(head) * 512;
   q_head_rows(
       a.m, [&](int r) { return y + int64_t(r) * a.ldy; },
