@@ -211,12 +211,6 @@ __device__ __forceinline__ float pow2_fast(int e) {
 }
 
 // ---- the unit's queries --------------------------------------------------------
-// Word i of v, for an i that may vary by thread (no indexed array: it would
-// live in local memory).
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
 // P = kThreads / (64 kMaxG) threads per query head: thread (tl, h, part) =
 // (tid / (64 P), tid / P % 64, tid % P) writes chunks part, part + P, .. of B row h of token
 // tl, where chunk c word qq holds dims 32 qq + 4 c .. + 3 (the permuted K

@@ -87,10 +87,6 @@ __device__ __forceinline__ uint4 load_weight16(const uint8_t* p) {
   return v;
 }
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
-}
-
 // ---- per-kind constants ----------------------------------------------------
 
 template <GemvWeight W>

@@ -9,6 +9,12 @@
 
 namespace dsv4::cuda {
 
+// Word i of v, for an i that may vary by thread (no indexed array: it would
+// live in local memory).
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 // Reductions over aligned groups of kLanes consecutive lanes (a power of two
 // <= 32); every lane of the group gets the result. The order of the
 // additions is fixed, so results are reproducible run to run.
