@@ -15,11 +15,17 @@
 // of 8: below 8 its column shows "-".
 //
 //   linear_bench [--quick] [--hot] [--shape NAME] [--splits N] [--small-m-max N] [--reps N]
+//   linear_bench --candidates [--shape NAME] [--hot] [--reps N]
 //
 // --quick: M in {1, 8, 64, 512}; --hot: one weight copy, so every call reads
 // its weight from L2 where it fits (what an L2 prefetch could reach); --shape: rows whose name contains NAME;
 // --splits: force the own kernel's split of k; --small-m-max: the automatic
-// path's threshold (default 32).
+// path's threshold (default 32); --candidates: every algorithm cuBLASLt's
+// heuristic offers for each cuBLASLt shape at M in {32, 64, 128, 256, 512}
+// (for block-scaled FP8, whose heuristic offers one, that one with k split
+// 1-16 ways), timed the same way, with its configuration, whether two runs
+// give the same bits, and its largest difference from the first candidate;
+// * marks the one the linears run.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/cuda/cublaslt_matmul.h"
 #include "attn/cuda/linear.h"
 #include "model/weights.h"
 
@@ -117,6 +124,7 @@ struct Options {
   int splits = 0;  // the own kernel's split of k (0: automatic)
   int reps = 15;
   bool hot = false;  // one weight copy: every call after the first reads it from L2
+  bool candidates = false;
 };
 
 // The C weight copies of one shape, any kind.
@@ -227,7 +235,7 @@ double time_calls(Copies& c, int m, int64_t in, int64_t out, const Buffers& b, L
 std::string route_text(const LinearRoute& r) {
   char buf[96];
   if (r.cublas_rows == r.rows)
-    std::snprintf(buf, sizeof buf, "cublas");
+    std::snprintf(buf, sizeof buf, "cublas k/%d", r.cublas_splits);
   else if (r.cublas_rows == 0)
     std::snprintf(buf, sizeof buf, "own s=%d x%d", r.splits, r.kernel_launches);
   else
@@ -289,6 +297,136 @@ void run_shape(const Shape& s, const std::vector<int>& ms, const Options& opt, u
   CHECK(cudaStreamDestroy(st));
 }
 
+// ---- --candidates: cuBLASLt's algorithms, one by one ------------------------------
+
+__global__ void fill_bytes(uint8_t* p, size_t n, uint64_t seed, bool e4m3) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  uint8_t c = uint8_t(bench::mix32(seed ^ i));
+  if (e4m3 && (c & 0x7f) == 0x7f) c ^= 1;  // no NaN
+  else if (!e4m3) c = (i & 1) ? uint8_t(((c & 0x80) | 0x3c) | ((c >> 6) & 1)) : c;  // bf16 pairs: +-[2^-7, 2^-5)
+  p[i] = c;
+}
+__global__ void fill_floats(float* p, size_t n, float v) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = v;
+}
+template <typename T>
+T* filled(size_t bytes, uint64_t seed, bool e4m3) {
+  T* p = reinterpret_cast<T*>(device_alloc<uint8_t>(bytes));
+  fill_bytes<<<unsigned((bytes + 255) / 256), 256>>>(reinterpret_cast<uint8_t*>(p), bytes, seed, e4m3);
+  CHECK(cudaGetLastError());
+  return p;
+}
+float* filled_floats(size_t n, float v) {
+  float* p = device_alloc<float>(n);
+  fill_floats<<<unsigned((n + 255) / 256), 256>>>(p, n, v);
+  CHECK(cudaGetLastError());
+  return p;
+}
+
+// The LtProblem the linears build for shape s at m rows (Fp8Product,
+// W8A16GroupedLinear, Bf16Linear).
+LtProblem lt_problem(const Shape& s, int m, size_t ws_bytes) {
+  int64_t n = 0;
+  for (int64_t r : s.rows) n += r;
+  LtProblem p;
+  p.workspace_bytes = ws_bytes;
+  switch (s.kind) {
+    case Kind::kFp8:
+      p.kind = LtKind::kFp8BlockScaled;
+      p.m = n, p.n = m, p.k = s.k, p.lda = s.k, p.ldb = s.k, p.ldd = n;
+      break;
+    case Kind::kW8A16:
+      p.kind = LtKind::kBf16;
+      p.m = n / s.groups, p.n = m, p.k = s.k, p.lda = s.k, p.ldb = s.k * s.groups, p.ldd = n;
+      p.batch = s.groups, p.stride_a = p.m * s.k, p.stride_b = s.k, p.stride_d = p.m;
+      break;
+    case Kind::kBf16:
+      p.kind = LtKind::kBf16ToF32;
+      p.m = n, p.n = m, p.k = s.k, p.lda = s.k, p.ldb = s.k, p.ldd = n;
+      break;
+    case Kind::kW8A16Fp8Input: break;
+  }
+  return p;
+}
+
+void run_candidates(const Shape& s, const Options& opt, uint64_t seed) {
+  if (s.kind == Kind::kW8A16Fp8Input) return;
+  const bool fp8 = s.kind == Kind::kFp8;
+  const size_t ab = fp8 ? 1 : 2, db = s.kind == Kind::kBf16 ? 4 : 2;
+  int64_t n = 0;
+  for (int64_t r : s.rows) n += r;
+  const int64_t in = s.k * s.groups;
+  const size_t w_bytes = size_t(n) * s.k * ab;
+  const int copies = opt.hot ? 1 : int(std::clamp(std::ceil(kRotateBytes / double(w_bytes)), 2.0, 64.0));
+  const size_t ws_bytes = LinearWorkspace::kDefaultCublasBytes;
+  std::vector<uint8_t*> w;
+  std::vector<float*> w_scales;
+  for (int c = 0; c < copies; ++c) {
+    w.push_back(filled<uint8_t>(w_bytes, seed + c, fp8));
+    w_scales.push_back(fp8 ? filled_floats(size_t((n + 127) / 128) * lt_weight_scale_ld(s.k), 1.0f / 256) : nullptr);
+  }
+  void* ws = device_alloc<uint8_t>(ws_bytes);
+  cudaStream_t st;
+  CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::printf("\n%s: [%lld x %lld]%s, %d weight copies of %.1f MB\n", s.name.c_str(), (long long)n, (long long)s.k,
+              s.groups > 1 ? (" in " + std::to_string(s.groups) + " groups").c_str() : "", copies, w_bytes / 1e6);
+  for (int m : {32, 64, 128, 256, 512}) {
+    uint8_t* x = filled<uint8_t>(size_t(m) * in * ab, seed + 7 * m, fp8);
+    float* xs = fp8 ? filled_floats(size_t(in / 128) * m, 1.0f / 64) : nullptr;
+    const size_t y_bytes = size_t(m) * n * db;
+    uint8_t* y = device_alloc<uint8_t>(y_bytes);
+    LtMatmul plan(lt_problem(s, m, ws_bytes));
+    if (!plan.supported()) {
+      std::printf("  M %4d: %s\n", m, plan.reason().c_str());
+      for (void* p : {(void*)x, (void*)xs, (void*)y}) cudaFree(p);
+      continue;
+    }
+    if (fp8)  // cuBLASLt offers one block-scaled FP8 algorithm: try it with k split
+      for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) plan.add_split_candidate(splits);
+    const int automatic = plan.chosen();
+    auto run = [&](int c, cudaStream_t stream) { plan.run(w[c], w_scales[c], x, xs, y, ws, stream); };
+    std::vector<uint8_t> first(y_bytes), again(y_bytes), mine(y_bytes);
+    for (int i = 0; i < plan.candidates(); ++i) {
+      plan.choose(i);
+      run(0, st);
+      CHECK(cudaMemcpyAsync(mine.data(), y, y_bytes, cudaMemcpyDeviceToHost, st));
+      run(0, st);
+      CHECK(cudaMemcpyAsync(again.data(), y, y_bytes, cudaMemcpyDeviceToHost, st));
+      CHECK(cudaStreamSynchronize(st));
+      if (i == 0) first = mine;
+      double diff = 0;  // largest |difference| from candidate 0, in units of its largest |value|
+      double big = 0;
+      for (size_t e = 0; e < y_bytes / db; ++e) {
+        auto at = [&](const std::vector<uint8_t>& v) {
+          if (db == 4) {
+            float f;
+            std::memcpy(&f, v.data() + 4 * e, 4);
+            return double(f);
+          }
+          uint32_t u = uint32_t(v[2 * e]) << 16 | uint32_t(v[2 * e + 1]) << 24;
+          float f;
+          std::memcpy(&f, &u, 4);
+          return double(f);
+        };
+        diff = std::max(diff, std::fabs(at(mine) - at(first)));
+        big = std::max(big, std::fabs(at(first)));
+      }
+      const int calls = std::max(20, copies) / copies * copies;
+      const double us = bench::graph_median_us(st, calls, opt.reps, [&](cudaStream_t s2) {
+        for (int c = 0; c < calls; ++c) run(c % copies, s2);
+      });
+      std::printf("  M %4d  #%-2d%s %9.2f us  %-4s diff %.1e  %s\n", m, i, i == automatic ? "*" : " ", us,
+                  mine == again ? "det" : "NDET", big > 0 ? diff / big : diff, plan.describe(i).c_str());
+    }
+    for (void* p : {(void*)x, (void*)xs, (void*)y}) cudaFree(p);
+  }
+  for (int c = 0; c < copies; ++c) cudaFree(w[c]), cudaFree(w_scales[c]);
+  cudaFree(ws);
+  CHECK(cudaStreamDestroy(st));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -303,12 +441,17 @@ int main(int argc, char** argv) {
       opt.splits = std::atoi(argv[++i]);
     } else if (a == "--small-m-max" && i + 1 < argc) {
       opt.small_m_max = std::atoi(argv[++i]);
+    } else if (a == "--candidates") {
+      opt.candidates = true;
     } else if (a == "--hot") {
       opt.hot = true;
     } else if (a == "--reps" && i + 1 < argc) {
       opt.reps = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--hot] [--shape NAME] [--splits N] [--small-m-max N] [--reps N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--hot] [--shape NAME] [--splits N] [--small-m-max N] [--reps N]\n"
+                   "       %s --candidates [--shape NAME] [--hot] [--reps N]\n",
+                   argv[0], argv[0]);
       return 2;
     }
   }
@@ -334,7 +477,10 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   for (const Shape& s : shapes) {
     if (!opt.filter.empty() && s.name.find(opt.filter) == std::string::npos) continue;
-    run_shape(s, ms, opt, seed += 1000);
+    if (opt.candidates)
+      run_candidates(s, opt, seed += 1000);
+    else
+      run_shape(s, ms, opt, seed += 1000);
   }
   return 0;
 }

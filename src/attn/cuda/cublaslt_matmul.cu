@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "common/error.h"
@@ -60,6 +61,41 @@ void set_layout(Status& st, cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttrib
   if (st.ok()) st(cublasLtMatrixLayoutSetAttribute(l, attr, &v, sizeof(v)), "cublasLtMatrixLayoutSetAttribute");
 }
 
+template <typename T>
+T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T v{};
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS) return T{};
+  return v;
+}
+
+int sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 0;
+  return sms;
+}
+
+// How many ways to split k for a block-scaled FP8 problem whose heuristic
+// algorithm does not split it and covers `tiles` output tiles: when they fill
+// at most an eighth of the SMs, the largest of 2, 4, 8 that keeps the grid
+// within one wave and at least 4 blocks of 128 k per part (1: no split).
+// cuBLASLt offers one block-scaled FP8 algorithm per shape, and for wq_a+wkv
+// at up to 128 rows (12 tiles of 128 x 128, k = 4096) it runs on a tenth of
+// the SMs. Measured (docs/perf-notes.md, runs Q2-Q3): split 8 takes it from
+// 13.9-14.1 to 7.5-9.0 us at 32-128 rows, the same bits in those runs. At
+// 24-32 tiles the gain is not general (split 4: wq_a+wkv at 256 rows 14.3 ->
+// 10.9 us, one 1024 x 4096 group at 512 rows 14.6 -> 16.2), so they keep
+// the heuristic's choice.
+int fp8_k_splits(int tiles, int64_t k_blocks, int sms) {
+  if (tiles <= 0 || 8 * tiles > sms) return 1;
+  int splits = 1;
+  for (int s : {2, 4, 8})
+    if (tiles * s <= sms && k_blocks % s == 0 && k_blocks / s >= 4) splits = s;
+  return splits;
+}
+
 }  // namespace
 
 struct LtMatmul::Impl {
@@ -68,7 +104,10 @@ struct LtMatmul::Impl {
   std::string reason;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  // (a fixed array: nvcc 13.0's front end fails on std::vector of this type)
+  cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};  // state SUCCESS only
+  int count = 0;
+  int chosen = 0;
 
   ~Impl() {
     if (d) cublasLtMatrixLayoutDestroy(d);
@@ -120,22 +159,51 @@ struct LtMatmul::Impl {
       st(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
          "MAX_WORKSPACE_BYTES");
     }
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t found_results[kMaxCandidates] = {};
     int found = 0;
     if (st.ok())
-      st(cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc, a, b, d, d, pref, 1, &result, &found),
+      st(cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc, a, b, d, d, pref, kMaxCandidates, found_results, &found),
          "cublasLtMatmulAlgoGetHeuristic");
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (!st.ok()) {
       reason = "cuBLASLt: " + st.what + ": " + status_text(st.status);
       return;
     }
-    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+    for (int i = 0; i < found; ++i)
+      if (found_results[i].state == CUBLAS_STATUS_SUCCESS) results[count++] = found_results[i];
+    if (count == 0) {
       reason = "cuBLASLt: no algorithm for this shape";
       return;
     }
-    algo = result.algo;
     supported = true;
+    if (fp8 && algo_config<int32_t>(results[0].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) <= 1) {
+      const int sms = sm_count();
+      const int splits = fp8_k_splits(int(results[0].wavesCount * float(sms) + 0.5f), p.k / 128, sms);
+      const int c = splits > 1 ? add_split(splits) : -1;
+      if (c >= 0) chosen = c;
+    }
+  }
+
+  // Candidate 0's algorithm with k split `splits` ways, the parts summed in
+  // fp32, when cuBLASLt accepts it within the workspace: its index, or -1.
+  int add_split(int splits) {
+    if (!supported || count == kMaxCandidates || splits < 1) return -1;
+    cublasLtMatmulHeuristicResult_t r = results[0];
+    const int32_t n = splits;
+    const uint32_t scheme = splits > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (cublasLtMatmulAlgoConfigSetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &n, sizeof(n)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme)) !=
+            CUBLAS_STATUS_SUCCESS)
+      return -1;
+    cublasLtMatmulHeuristicResult_t checked{};
+    if (cublasLtMatmulAlgoCheck(lt_handle(), desc, a, b, d, d, &r.algo, &checked) != CUBLAS_STATUS_SUCCESS ||
+        checked.workspaceSize > p.workspace_bytes)
+      return -1;
+    r.workspaceSize = checked.workspaceSize;
+    r.wavesCount = checked.wavesCount;
+    results[count] = r;
+    return count++;
   }
 };
 
@@ -149,6 +217,37 @@ LtMatmul::~LtMatmul() = default;
 const LtProblem& LtMatmul::problem() const { return impl_->p; }
 bool LtMatmul::supported() const { return impl_->supported; }
 const std::string& LtMatmul::reason() const { return impl_->reason; }
+int LtMatmul::candidates() const { return impl_->count; }
+int LtMatmul::chosen() const { return impl_->chosen; }
+
+void LtMatmul::choose(int candidate) {
+  DSV4_REQUIRE(candidate >= 0 && candidate < candidates(),
+               "cuBLASLt: candidate " + std::to_string(candidate) + " of " + std::to_string(candidates()));
+  impl_->chosen = candidate;
+}
+
+int LtMatmul::add_split_candidate(int splits) { return impl_->add_split(splits); }
+
+int LtMatmul::splits() const {
+  if (!impl_->supported) return 0;
+  const cublasLtMatmulAlgo_t& algo = impl_->results[impl_->chosen].algo;
+  return std::max(1, int(algo_config<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)));
+}
+
+std::string LtMatmul::describe(int candidate) const {
+  DSV4_REQUIRE(candidate >= 0 && candidate < candidates(),
+               "cuBLASLt: candidate " + std::to_string(candidate) + " of " + std::to_string(candidates()));
+  const cublasLtMatmulHeuristicResult_t& r = impl_->results[candidate];
+  const cublasLtMatmulAlgo_t& a = r.algo;
+  return "id " + std::to_string(algo_config<int32_t>(a, CUBLASLT_ALGO_CONFIG_ID)) + " tile " +
+         std::to_string(algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_TILE_ID)) + " stages " +
+         std::to_string(algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " splitk " +
+         std::to_string(algo_config<int32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " red " +
+         std::to_string(algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)) + " swz " +
+         std::to_string(algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)) + " cluster " +
+         std::to_string(algo_config<uint16_t>(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)) + " ws " +
+         std::to_string(r.workspaceSize) + " waves " + std::to_string(r.wavesCount);
+}
 
 void LtMatmul::run(const void* a, const float* a_scales, const void* b, const float* b_scales, void* d,
                    void* workspace, CUstream_st* stream) {
@@ -160,8 +259,9 @@ void LtMatmul::run(const void* a, const float* a_scales, const void* b, const fl
     set_desc(st, im.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(b_scales), "B_SCALE_POINTER");
   }
   const float alpha = 1.0f, beta = 0.0f;
+  const cublasLtMatmulAlgo_t* algo = &im.results[im.chosen].algo;
   if (st.ok())
-    st(cublasLtMatmul(lt_handle(), im.desc, &alpha, a, im.a, b, im.b, &beta, d, im.d, d, im.d, &im.algo, workspace,
+    st(cublasLtMatmul(lt_handle(), im.desc, &alpha, a, im.a, b, im.b, &beta, d, im.d, d, im.d, algo, workspace,
                       im.p.workspace_bytes, stream),
        "cublasLtMatmul");
   if (!st.ok()) throw Error("cuBLASLt: " + st.what + ": " + status_text(st.status));

@@ -62,6 +62,23 @@ class LtMatmul {
   bool supported() const;
   const std::string& reason() const;
 
+  // The heuristic's algorithms for this problem, best first by its own
+  // estimate (at most kMaxCandidates); run() uses candidate chosen(): 0, or
+  // for a block-scaled FP8 problem that fills few SMs, candidate 0 with k
+  // split (see fp8_k_splits in the .cu), unless choose() said otherwise.
+  // describe() names an algorithm's configuration: tile, stages, split of k
+  // and its reduction, swizzle; splits() is the chosen one's split of k.
+  static constexpr int kMaxCandidates = 16;
+  int candidates() const;
+  int chosen() const;
+  void choose(int candidate);
+  std::string describe(int candidate) const;
+  // Adds candidate 0's algorithm with k split `splits` ways, the parts summed
+  // in fp32 (reduction scheme COMPUTE_TYPE), when cuBLASLt accepts that
+  // configuration within the workspace; returns its index, or -1.
+  int add_split_candidate(int splits);
+  int splits() const;
+
   // Enqueues the product (scale pointers only for kFp8BlockScaled); throws
   // Error when cuBLASLt fails.
   void run(const void* a, const float* a_scales, const void* b, const float* b_scales, void* d, void* workspace,

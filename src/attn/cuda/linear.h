@@ -27,7 +27,8 @@
 // MMAs on operands decoded exactly), partial sums combined in a fixed order
 // by the last CTA of each row block. Above (and from cublas_from rows in
 // multiples of 8, where a shape wants it earlier), cuBLASLt: block-scaled FP8
-// (VEC128 activation scales, BLK128x128 weight scales), bf16 strided-batched
+// (VEC128 activation scales, BLK128x128 weight scales; k split where its tiles
+// would fill few SMs, see cublaslt_matmul.h), bf16 strided-batched
 // for wo_a, bf16 -> fp32 for Bf16Linear. cuBLASLt's FP8 kernels take only row
 // counts that are multiples of 8: the remaining rows (and any shape or
 // alignment cuBLASLt rejects) run the own kernel; last_route() says which
@@ -89,6 +90,7 @@ struct LinearRoute {
   int kernel_rows = 0;      // through the own kernel
   int kernel_launches = 0;  // own-kernel launches (one per 64 rows)
   int splits = 0;           // the own kernel's split of k (last launch)
+  int cublas_splits = 0;    // cuBLASLt's split of k (0: no rows went there)
   bool quantize_kernel = false;  // the separate bf16 -> FP8 kernel ran
   std::string note;         // why rows that the path wanted on cuBLASLt did not go there
 };

@@ -65,6 +65,7 @@ void Fp8Product::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const Linear
       plan->run(w_->codes() + g * group_out * w_->cols, w_->block_scales() + g * (group_out / 128) * w_->scale_ld,
                 x.data + g * w_->cols, scales + g * kb * lt_rows, y + g * group_out, ws.cublas(), stream);
     route.cublas_rows = lt_rows;
+    route.cublas_splits = plan->splits();
   }
   if (lt_rows == x.rows) return;
   GemvArgs a;

@@ -168,6 +168,7 @@ bool run_lt_bf16(LtPlans& plans, const LtProblem& p, const void* w, const void* 
   }
   plan.run(w, nullptr, x, nullptr, y, ws.cublas(), stream);
   route.cublas_rows = m;
+  route.cublas_splits = plan.splits();
   return true;
 }
 

@@ -39,6 +39,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/cuda_device.h"
@@ -489,6 +490,44 @@ TEST_F(LinearCudaTest, Fp8FlashShapes) {
     std::vector<WeightMatrix> parts;
     parts.push_back(random_fp8("indexer.wq_b", 8192, 1024, rng));
     check_fp8_linear("indexer.wq_b", parts, {1, 8, 64, 512}, {LinearPath::kSmallM, LinearPath::kCublas}, 21);
+  }
+}
+
+// cuBLASLt's block-scaled FP8 algorithm for wq_a+wkv (12 tiles of 128 x 128
+// at up to 128 rows, k = 4096) runs on a tenth of the SMs unless k is split;
+// the plan splits it where the tiles fill at most an eighth of the GPU
+// (Fp8FlashShapes checks the values of such rows against the CPU: m = 40,
+// 64), and not for indexer.wq_b (64 tiles). Two runs of a split plan give
+// the same bits.
+TEST_F(LinearCudaTest, Fp8CublasSplitsKWhereFewTilesFillTheGpu) {
+  int dev = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  std::mt19937_64 rng(29);
+  const WeightMatrix wqkv = random_fp8("wq_a+wkv", 1536, 4096, rng), idx = random_fp8("indexer.wq_b", 8192, 1024, rng);
+  for (const auto& [w, m, split] : std::vector<std::tuple<const WeightMatrix*, int, bool>>{
+           {&wqkv, 16, sms >= 96}, {&wqkv, 64, sms >= 96}, {&wqkv, 128, sms >= 96}, {&idx, 64, false}}) {
+    const std::string at = w->name + " m=" + std::to_string(m);
+    Fp8Linear gpu(*w, LinearOptions{LinearPath::kCublas});
+    const int64_t n = gpu.out_features(), k = gpu.in_features();
+    LinearWorkspace ws({gpu.needs(m)});
+    DeviceArray<uint16_t> xd(to_bf16(random_activation(m, k, rng)));
+    DeviceAct act(m, k, m);
+    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
+    std::vector<std::vector<uint16_t>> runs;
+    for (int rep = 0; rep < 2; ++rep) {
+      DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m) * size_t(n), kPoison16));
+      gpu.forward(Fp8Act(act.out()), y.get(), n, ws, nullptr);
+      sync();
+      runs.push_back(y.download());
+    }
+    const LinearRoute route = gpu.last_route();
+    EXPECT_EQ(route.cublas_rows, m) << at << ": " << route.note;
+    if (split)
+      EXPECT_GT(route.cublas_splits, 1) << at << " on " << sms << " SMs";
+    else
+      EXPECT_EQ(route.cublas_splits, 1) << at;
+    EXPECT_TRUE(runs[0] == runs[1]) << at << ": two runs differ";
   }
 }
 
