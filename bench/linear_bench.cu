@@ -2,7 +2,8 @@
 // at M in {1, 2, 4, 8, 16, 32, 64, 128, 512, 4096}: the automatic path
 // ("ours": own kernel up to small_m_max rows, cuBLASLt above) next to
 // cuBLASLt alone measured in the same run (block-scaled FP8 for the FP8
-// linears, bf16 for wo_a and the bf16 stack), the weight bytes, the roofline
+// linears, bf16 for wo_a and the bf16 stack), the own FP8 wgmma GEMM alone
+// (LinearPath::kGemm, FP8 products only) with its split of k, the weight bytes, the roofline
 // time (max of bytes / 4.3 TB/s and FLOPs / peak: 1,270 TFLOP/s FP8, 790
 // bf16) and ours / roofline.
 //
@@ -14,10 +15,10 @@
 // cuBLASLt). cuBLASLt takes FP8 block-scaled problems only for M a multiple
 // of 8: below 8 its column shows "-".
 //
-//   linear_bench [--quick] [--hot] [--shape NAME] [--splits N] [--small-m-max N] [--reps N]
+//   linear_bench [--quick] [--hot] [--shape NAME] [--splits N] [--small-m-max N] [--reps N] [--m M,M,...]
 //   linear_bench --candidates [--shape NAME] [--hot] [--reps N]
 //
-// --quick: M in {1, 8, 64, 512}; --hot: one weight copy, so every call reads
+// --quick: M in {1, 8, 64, 512}; --m: the row counts given; --hot: one weight copy, so every call reads
 // its weight from L2 where it fits (what an L2 prefetch could reach); --shape: rows whose name contains NAME;
 // --splits: force the own kernel's split of k; --small-m-max: the automatic
 // path's threshold (default 32); --candidates: every algorithm cuBLASLt's
@@ -125,6 +126,7 @@ struct Options {
   int reps = 15;
   bool hot = false;  // one weight copy: every call after the first reads it from L2
   bool candidates = false;
+  std::vector<int> ms;  // --m: these row counts instead
 };
 
 // The C weight copies of one shape, any kind.
@@ -236,6 +238,8 @@ std::string route_text(const LinearRoute& r) {
   char buf[96];
   if (r.cublas_rows == r.rows)
     std::snprintf(buf, sizeof buf, "cublas k/%d", r.cublas_splits);
+  else if (r.gemm_rows == r.rows)
+    std::snprintf(buf, sizeof buf, "gemm s=%d x%d", r.splits, r.kernel_launches);
   else if (r.cublas_rows == 0)
     std::snprintf(buf, sizeof buf, "own s=%d x%d", r.splits, r.kernel_launches);
   else
@@ -251,14 +255,18 @@ void run_shape(const Shape& s, const std::vector<int>& ms, const Options& opt, u
   const bool fp8_math = s.kind == Kind::kFp8 || s.kind == Kind::kW8A16Fp8Input;
   const double weight_bytes = double(n * s.k) * (s.kind == Kind::kBf16 ? 2 : 1);
   const int max_m = *std::max_element(ms.begin(), ms.end());
-  LinearWorkspace ws({c.needs(max_m)});
+  const bool gemm = s.kind == Kind::kFp8 || s.kind == Kind::kW8A16Fp8Input;  // the own FP8 GEMM applies
+  c.set_path(LinearPath::kGemm, opt.small_m_max, opt.splits);
+  const LinearNeeds gemm_needs = c.needs(max_m);
+  c.set_path(LinearPath::kAuto, opt.small_m_max, opt.splits);
+  LinearWorkspace ws({c.needs(max_m), gemm_needs});
   cudaStream_t st;
   CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::printf("\n%s: [%lld x %lld]%s, %d weight copies, %.1f MB each; workspace %.1f MB\n", s.name.c_str(),
               (long long)n, (long long)s.k, s.groups > 1 ? (" in " + std::to_string(s.groups) + " groups").c_str() : "",
               int(c.count()), weight_bytes / 1e6, ws.bytes() / 1e6);
-  std::printf("  %5s  %-22s %10s %10s %9s %10s %7s %9s %9s  %s\n", "M", "ours (path)", "ours us", "cuBLASLt", "MB",
-              "roofln us", "ratio", "TFLOP/s", "cuBL TF/s", "cuBLASLt note");
+  std::printf("  %5s  %-22s %10s %10s %16s %9s %10s %7s %9s %9s  %s\n", "M", "ours (path)", "ours us", "cuBLASLt",
+              "gemm us (split)", "MB", "roofln us", "ratio", "TFLOP/s", "cuBL TF/s", "cuBLASLt note");
   for (int m : ms) {
     Buffers b;
     b.x = device_alloc<uint16_t>(size_t(m) * in);
@@ -280,6 +288,12 @@ void run_shape(const Shape& s, const std::vector<int>& ms, const Options& opt, u
     double lt = time_calls(c, m, in, out, b, ws, st, opt.reps);
     const LinearRoute lt_route = c.route();
     const bool lt_valid = lt_route.cublas_rows == m;
+    char gemm_col[32] = "-";
+    if (gemm) {
+      c.set_path(LinearPath::kGemm, opt.small_m_max, opt.splits);
+      const double g = time_calls(c, m, in, out, b, ws, st, opt.reps);
+      std::snprintf(gemm_col, sizeof gemm_col, "%.2f (%d)", g, c.route().splits);
+    }
 
     const double flops = 2.0 * m * double(n) * double(s.k);
     const double io_bytes = weight_bytes + double(m) * in * (fp8_math ? 1 : 2) +
@@ -290,8 +304,8 @@ void run_shape(const Shape& s, const std::vector<int>& ms, const Options& opt, u
       std::snprintf(lt_col, sizeof lt_col, "%.2f", lt);
       std::snprintf(lt_tf, sizeof lt_tf, "%.0f", flops / (lt * 1e-6) / 1e12);
     }
-    std::printf("  %5d  %-22s %10.2f %10s %9.1f %10.2f %7.2f %9.0f %9s  %s\n", m, route_text(ours_route).c_str(), ours,
-                lt_col, io_bytes / 1e6, roof, ours / roof, flops / (ours * 1e-6) / 1e12, lt_tf,
+    std::printf("  %5d  %-22s %10.2f %10s %16s %9.1f %10.2f %7.2f %9.0f %9s  %s\n", m, route_text(ours_route).c_str(),
+                ours, lt_col, gemm_col, io_bytes / 1e6, roof, ours / roof, flops / (ours * 1e-6) / 1e12, lt_tf,
                 lt_valid ? "" : lt_route.note.c_str());
   }
   CHECK(cudaStreamDestroy(st));
@@ -447,9 +461,16 @@ int main(int argc, char** argv) {
       opt.hot = true;
     } else if (a == "--reps" && i + 1 < argc) {
       opt.reps = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--m" && i + 1 < argc) {
+      for (const char* p = argv[++i]; *p;) {
+        const int m = std::atoi(p);
+        if (m > 0) opt.ms.push_back(m);
+        while (*p && *p != ',') ++p;
+        if (*p == ',') ++p;
+      }
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--hot] [--shape NAME] [--splits N] [--small-m-max N] [--reps N]\n"
+                   "usage: %s [--quick] [--hot] [--shape NAME] [--splits N] [--small-m-max N] [--reps N] [--m M,M,...]\n"
                    "       %s --candidates [--shape NAME] [--hot] [--reps N]\n",
                    argv[0], argv[0]);
       return 2;
@@ -462,8 +483,9 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, L2 %.0f MB; small_m_max %d, splits %s\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize / 1e6, opt.small_m_max,
               opt.splits > 0 ? std::to_string(opt.splits).c_str() : "auto");
-  const std::vector<int> ms = opt.quick ? std::vector<int>{1, 8, 64, 512}
-                                        : std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 512, 4096};
+  const std::vector<int> ms = !opt.ms.empty() ? opt.ms
+                             : opt.quick      ? std::vector<int>{1, 8, 64, 512}
+                                              : std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 512, 4096};
   const std::vector<Shape> shapes = {
       {"wq_a+wkv", Kind::kFp8, {1024, 512}, 4096},
       {"wq_b", Kind::kFp8, {32768}, 1024},

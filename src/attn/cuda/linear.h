@@ -22,7 +22,11 @@
 // too small) throw Error before anything is launched; CUDA and cuBLAS errors
 // after a launch also throw Error.
 //
-// Paths. Up to small_m_max rows a linear runs its own kernel: split-K over
+// Paths. FP8 products of gemm_from .. gemm_max (at most 128) rows, where the
+// options ask for it, run the own wgmma GEMM (split-K, weight tiles in flight
+// before the programmatic-launch wait; Hopper's FP8 MMA accumulation, the
+// error class of cuBLASLt's FP8 product; linear_gemm.cu). Otherwise, up to
+// small_m_max rows a linear runs its own small-M kernel: split-K over
 // the weight (16-byte loads, block scales applied in registers, tensor-core
 // MMAs on operands decoded exactly), partial sums combined in a fixed order
 // by the last CTA of each row block. Above (and from cublas_from rows in
@@ -59,19 +63,27 @@ enum class LinearPath {
   kAuto,    // own kernel up to small_m_max rows, cuBLASLt above
   kSmallM,  // own kernel for every row count (in launches of up to 64 rows)
   kCublas,  // cuBLASLt wherever it takes the rows (tests, benchmarks)
+  kGemm,    // FP8 products: the own wgmma GEMM for every row count (in launches of up to 128
+            // rows); the other kinds run the small-M kernel
 };
 
 struct LinearOptions {
   LinearPath path = LinearPath::kAuto;
   int small_m_max = 32;
-  // The own kernel's split of k (benchmarks, tests): used when it divides
-  // k / 128 and fits; 0 chooses automatically.
+  // The own kernels' split of k (benchmarks, tests): used when it divides
+  // k / 128 and fits (the GEMM: at most 8, one cluster); 0 chooses
+  // automatically.
   int splits = 0;
   // From this many rows, when they are a multiple of 8 (cuBLASLt's FP8 rows,
   // so none are left for a second pass over the weight), cuBLASLt even at
   // or below small_m_max; 0: never. For shapes whose split-K kernel loses to
   // cuBLASLt before small_m_max (the layer's choices: cuda_layer.cu).
   int cublas_from = 0;
+  // FP8 products of gemm_from .. gemm_max rows (at most 128) run the own
+  // wgmma GEMM (before small_m_max and cublas_from); gemm_from 0: never.
+  // The layer's choices: cuda_layer.cu.
+  int gemm_from = 0;
+  int gemm_max = 128;
 };
 
 struct W8A16Options : LinearOptions {
@@ -87,9 +99,10 @@ struct W8A16Options : LinearOptions {
 struct LinearRoute {
   int rows = 0;
   int cublas_rows = 0;      // through cuBLASLt
-  int kernel_rows = 0;      // through the own kernel
-  int kernel_launches = 0;  // own-kernel launches (one per 64 rows)
-  int splits = 0;           // the own kernel's split of k (last launch)
+  int kernel_rows = 0;      // through the own small-M kernel
+  int gemm_rows = 0;        // through the own wgmma GEMM (FP8)
+  int kernel_launches = 0;  // own-kernel launches (small-M: one per 64 rows, GEMM: per 128)
+  int splits = 0;           // the own kernels' split of k (last launch)
   int cublas_splits = 0;    // cuBLASLt's split of k (0: no rows went there)
   bool quantize_kernel = false;  // the separate bf16 -> FP8 kernel ran
   std::string note;         // why rows that the path wanted on cuBLASLt did not go there

@@ -18,6 +18,11 @@ bool wants_cublas(const LinearOptions& opt, int m) {
   return m > opt.small_m_max || (opt.cublas_from > 0 && m >= opt.cublas_from && m % 8 == 0);
 }
 
+bool wants_gemm(const LinearOptions& opt, int m) {
+  if (opt.path != LinearPath::kAuto) return opt.path == LinearPath::kGemm;
+  return opt.gemm_from > 0 && m >= opt.gemm_from && m <= std::min(opt.gemm_max, kGemmMaxRows);
+}
+
 int Fp8Product::cublas_rows(const Fp8Act& x, const uint16_t* y, int64_t ldy, const LinearWorkspace& ws,
                             LinearRoute& route, LtMatmul*& plan) {
   const int rows = x.rows & ~7;
@@ -51,6 +56,18 @@ void Fp8Product::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const Linear
   route.rows = x.rows;
   if (x.rows == 0) return;
   const int64_t group_out = w_->rows / groups_, kb = w_->cols / 128;
+  GemvArgs a;
+  a.kind = GemvWeight::kFp8;
+  a.w = w_->codes(), a.w_scales = w_->block_scales(), a.w_scale_ld = w_->scale_ld;
+  a.n = w_->rows, a.k = w_->cols, a.group_rows = group_out;
+  a.x = x.data, a.ldx = x.ld;
+  a.x_scales = x.scales, a.x_scale_ld = x.scale_ld;
+  a.y = y, a.ldy = ldy;
+  a.forced_splits = opt.splits;
+  if (wants_gemm(opt, x.rows) && !tail) {
+    run_gemm(a, x.rows, stream, route);
+    return;
+  }
   int lt_rows = 0;
   LtMatmul* plan = nullptr;
   if (wants_cublas(opt, x.rows)) lt_rows = cublas_rows(x, y, ldy, ws, route, plan);
@@ -68,14 +85,9 @@ void Fp8Product::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const Linear
     route.cublas_splits = plan->splits();
   }
   if (lt_rows == x.rows) return;
-  GemvArgs a;
-  a.kind = GemvWeight::kFp8;
-  a.w = w_->codes(), a.w_scales = w_->block_scales(), a.w_scale_ld = w_->scale_ld;
-  a.n = w_->rows, a.k = w_->cols, a.group_rows = group_out;
-  a.x = x.data + int64_t(lt_rows) * x.ld, a.ldx = x.ld;
-  a.x_scales = x.scales + lt_rows, a.x_scale_ld = x.scale_ld;
-  a.y = y + int64_t(lt_rows) * ldy, a.ldy = ldy;
-  a.forced_splits = opt.splits;
+  a.x = x.data + int64_t(lt_rows) * x.ld;
+  a.x_scales = x.scales + lt_rows;
+  a.y = y + int64_t(lt_rows) * ldy;
   if (tail) a.q_head = *tail;
   run_gemv(a, x.rows - lt_rows, ws, stream, route);
 }
@@ -142,8 +154,8 @@ bool Fp8Linear::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, LinearWorkspa
 }
 
 bool Fp8Linear::fuses_q_head(int rows) const {
-  return rows > 0 && rows <= detail::kGemvQHeadRows && !detail::wants_cublas(impl_->options, rows) &&
-         detail::gemv_head_counters(out_features()) > 0;
+  return rows > 0 && rows <= detail::kGemvQHeadRows && !detail::wants_gemm(impl_->options, rows) &&
+         !detail::wants_cublas(impl_->options, rows) && detail::gemv_head_counters(out_features()) > 0;
 }
 
 int64_t Fp8Linear::in_features() const { return impl_->w.cols; }

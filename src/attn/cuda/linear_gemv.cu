@@ -81,8 +81,9 @@ void gemv_prepare() {
     status = gemv_configure_fp8();
     if (status == cudaSuccess) status = gemv_configure_w8a16();
     if (status == cudaSuccess) status = gemv_configure_bf16();
+    if (status == cudaSuccess) status = gemm_configure();
   });
-  check_cuda(status, "configuring the small-M kernels");
+  check_cuda(status, "configuring the small-M kernels and the FP8 GEMM");
 }
 
 void gemv_launch(const GemvArgs& a, CUstream_st* stream) {

@@ -63,13 +63,18 @@ void check_bf16_input(const std::string& who, const void* x, int64_t ldx, int64_
 bool run_lt_bf16(LtPlans& plans, const LtProblem& p, const void* w, const void* x, void* y,
                  const LinearWorkspace& ws, int m, CUstream_st* stream, LinearRoute& route);
 
-// Whether the options send m rows to cuBLASLt.
+// Whether the options send m rows to cuBLASLt; to the FP8 GEMM (checked first).
 bool wants_cublas(const LinearOptions& opt, int m);
+bool wants_gemm(const LinearOptions& opt, int m);
 
 // Runs the own kernel over rows [0, m) of `a` (a.m, splits, partials and
 // counters are filled here) in launches of up to kGemvMaxRows rows, each
 // with its own split of k; records them in route.
 void run_gemv(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream, LinearRoute& route);
+// Runs the FP8 GEMM over rows [0, m) of `a` in launches of up to
+// kGemmMaxRows rows, each with its own split of k; records them in route.
+// It needs no workspace (split-K sums stay in the cluster's shared memory).
+void run_gemm(GemvArgs a, int m, CUstream_st* stream, LinearRoute& route);
 // Workspace the own kernel needs for calls of up to max_m rows.
 LinearNeeds gemv_needs(GemvWeight kind, int64_t n, int64_t k, int max_m, int forced_splits = 0);
 // The larger of two needs, field by field.

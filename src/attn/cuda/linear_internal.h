@@ -76,6 +76,18 @@ void gemv_prepare();
 // Launches one small-M kernel (m <= kGemvMaxRows); throws Error on a launch error.
 void gemv_launch(const GemvArgs& a, CUstream_st* stream);
 
+// The FP8 linears' wgmma GEMM (linear_gemm.cu): the same arguments (kind
+// kFp8, bf16 y, no quantize, no q-head tail; partials and counters unused),
+// 1 .. kGemmMaxRows activation rows per launch.
+inline constexpr int kGemmMaxRows = 128;
+// Tokens per wgmma tile: 16, 32, 64 or 128 (>= m).
+int gemm_tile_rows(int m);
+// Split of k (1, 2, 4 or 8 CTAs of a cluster); forced when it is one of
+// those and divides k / 128.
+int gemm_choose_splits(int64_t n, int64_t k, int m, int sms, int forced = 0);
+// Launches one GEMM (m <= kGemmMaxRows); throws Error on a launch error.
+void gemm_launch(const GemvArgs& a, CUstream_st* stream);
+
 // bf16 [rows, cols] (row stride ldx elements) -> out (rows, cols from out).
 void launch_quantize_bf16(const uint16_t* x, int64_t ldx, const Fp8ActOut& out, CUstream_st* stream);
 // Activation scales with row stride ld_in -> row stride `rows` (cuBLASLt's VEC128 layout).

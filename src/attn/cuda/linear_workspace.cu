@@ -109,26 +109,46 @@ LinearNeeds gemv_needs(GemvWeight kind, int64_t n, int64_t k, int max_m, int for
   return nd;
 }
 
+namespace {
+
+// Rows [r0, r0 + rows) of a.
+GemvArgs row_slice(const GemvArgs& a, int r0, int rows) {
+  GemvArgs c = a;
+  c.m = rows;
+  c.x = static_cast<const char*>(a.x) + r0 * (a.kind == GemvWeight::kFp8 ? a.ldx : 2 * a.ldx);
+  if (a.x_scales) c.x_scales = a.x_scales + r0;
+  c.y = static_cast<char*>(a.y) + r0 * a.ldy * (a.y_f32 ? 4 : 2);
+  if (a.quantize) {
+    c.q.data = a.q.data + r0 * a.q.ld;
+    c.q.scales = a.q.scales + r0;
+    c.q.rows = rows;
+  }
+  return c;
+}
+
+}  // namespace
+
 void run_gemv(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream, LinearRoute& route) {
   const int sms = device_sm_count();
-  const int64_t x_row_bytes = a.kind == GemvWeight::kFp8 ? a.ldx : 2 * a.ldx;
-  const int64_t y_row_bytes = a.ldy * (a.y_f32 ? 4 : 2);
   for (int r0 = 0; r0 < m; r0 += kGemvMaxRows) {
-    GemvArgs c = a;
-    c.m = std::min(kGemvMaxRows, m - r0);
-    c.x = static_cast<const char*>(a.x) + r0 * x_row_bytes;
-    if (a.x_scales) c.x_scales = a.x_scales + r0;
-    c.y = static_cast<char*>(a.y) + r0 * y_row_bytes;
-    if (a.quantize) {
-      c.q.data = a.q.data + r0 * a.q.ld;
-      c.q.scales = a.q.scales + r0;
-      c.q.rows = c.m;
-    }
+    GemvArgs c = row_slice(a, r0, std::min(kGemvMaxRows, m - r0));
     c.splits = gemv_choose_splits(a.kind, a.n, a.k, c.m, sms, a.forced_splits);
     c.partials = ws.partials();
     c.counters = ws.counters();
     gemv_launch(c, stream);
     route.kernel_rows += c.m;
+    route.kernel_launches += 1;
+    route.splits = c.splits;
+  }
+}
+
+void run_gemm(GemvArgs a, int m, CUstream_st* stream, LinearRoute& route) {
+  const int sms = device_sm_count();
+  for (int r0 = 0; r0 < m; r0 += kGemmMaxRows) {
+    GemvArgs c = row_slice(a, r0, std::min(kGemmMaxRows, m - r0));
+    c.splits = gemm_choose_splits(a.n, a.k, c.m, sms, a.forced_splits);
+    gemm_launch(c, stream);
+    route.gemm_rows += c.m;
     route.kernel_launches += 1;
     route.splits = c.splits;
   }

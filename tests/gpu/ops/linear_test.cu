@@ -15,8 +15,8 @@
 // terms. e per path:
 //   own kernel            2^-18: fp32 tensor-core accumulation restarted
 //                         every 128 k (or over at most a few hundred k)
-//   cuBLASLt FP8          2^-11: Hopper's FP8 MMAs keep fewer accumulator
-//                         bits inside each 128-wide block (DeepSeek-V3 report:
+//   cuBLASLt FP8, and     2^-11: Hopper's FP8 MMAs keep fewer accumulator
+//   the own FP8 GEMM      bits inside each 128-wide block (DeepSeek-V3 report:
 //                         about 14); the scales are applied at block ends
 //   cuBLASLt bf16         2^-16: fp32 MMA accumulation over all of k
 // Rows a path did not take use the other path's e (the route says which).
@@ -235,11 +235,21 @@ void expect_close(const std::string& label, const std::vector<float>& a, int64_t
   std::printf("    %-44s max |diff| / sum|xw| = 2^%.1f\n", label.c_str(), worst > 0 ? std::log2(worst) : -99.0);
 }
 
-// e per row: rows below cublas_rows went through cuBLASLt.
+// e per row: rows below cublas_rows went through cuBLASLt (or all rows
+// through the FP8 GEMM, which takes a call whole).
 std::vector<double> row_bounds(const LinearRoute& route, int m, double e_cublas) {
   std::vector<double> e(size_t(m), kEOwn);
-  for (int r = 0; r < route.cublas_rows && r < m; ++r) e[size_t(r)] = e_cublas;
+  for (int r = 0; r < route.cublas_rows + route.gemm_rows && r < m; ++r) e[size_t(r)] = e_cublas;
   return e;
+}
+
+std::string path_name(LinearPath p) {
+  switch (p) {
+    case LinearPath::kCublas: return " cublas";
+    case LinearPath::kSmallM: return " own";
+    case LinearPath::kGemm: return " gemm";
+    default: return " auto";
+  }
 }
 
 std::vector<double> sum_bounds(const std::vector<double>& a, const std::vector<double>& b) {
@@ -337,7 +347,12 @@ void check_fp8_linear(const std::string& name, const std::vector<WeightMatrix>& 
   Fp8Linear gpu(ptrs, LinearOptions{LinearPath::kAuto, 32, splits});
   const int64_t n = gpu.out_features(), k = gpu.in_features();
   const int max_m = *std::max_element(ms.begin(), ms.end());
-  LinearWorkspace ws({gpu.needs(max_m)});
+  std::vector<cuda::LinearNeeds> needs;
+  for (LinearPath p : paths) {
+    gpu.set_options({p, 32, splits});
+    needs.push_back(gpu.needs(max_m));
+  }
+  LinearWorkspace ws(needs);
   std::vector<Linear> cpu;
   for (const WeightMatrix& w : parts) cpu.emplace_back(&w, LinearMode::kFp8, true);
   const std::vector<float> w = dequantized(parts), aw = absolute(w);
@@ -366,7 +381,7 @@ void check_fp8_linear(const std::string& name, const std::vector<WeightMatrix>& 
     std::vector<PathResult> results(paths.size());
     for (size_t pi = 0; pi < paths.size(); ++pi) {
       gpu.set_options({paths[pi], 32, splits});
-      const std::string label = at + (paths[pi] == LinearPath::kCublas ? " cublas" : (paths[pi] == LinearPath::kSmallM ? " own" : " auto"));
+      const std::string label = at + path_name(paths[pi]);
       std::vector<std::vector<uint16_t>> runs;
       for (int rep = 0; rep < 2; ++rep) {
         DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t((m + 2) * ldy), kPoison16));
@@ -375,7 +390,8 @@ void check_fp8_linear(const std::string& name, const std::vector<WeightMatrix>& 
         runs.push_back(y.download());
       }
       const LinearRoute route = gpu.last_route();
-      EXPECT_EQ(route.cublas_rows + route.kernel_rows, m) << label;
+      EXPECT_EQ(route.cublas_rows + route.kernel_rows + route.gemm_rows, m) << label;
+      if (paths[pi] == LinearPath::kGemm) EXPECT_EQ(route.gemm_rows, m) << label;
       if (paths[pi] == LinearPath::kCublas && act_pad == 0)
         EXPECT_EQ(route.cublas_rows, m & ~7) << label << ": cuBLASLt did not take its rows: " << route.note;
       if (paths[pi] == LinearPath::kCublas && route.cublas_rows != (m & ~7))
@@ -441,7 +457,8 @@ TEST_F(LinearCudaTest, Fp8SmallShapesBothPaths) {
   std::vector<WeightMatrix> parts;
   parts.push_back(random_fp8("a", 256, 384, rng));
   parts.push_back(random_fp8("b", 200, 384, rng));
-  check_fp8_linear("fp8 456x384", parts, small_ms(), {LinearPath::kSmallM, LinearPath::kCublas, LinearPath::kAuto}, 12);
+  check_fp8_linear("fp8 456x384", parts, small_ms(),
+                   {LinearPath::kSmallM, LinearPath::kCublas, LinearPath::kAuto, LinearPath::kGemm}, 12);
 }
 
 TEST_F(LinearCudaTest, Fp8ThreeStackedParts) {
@@ -450,10 +467,11 @@ TEST_F(LinearCudaTest, Fp8ThreeStackedParts) {
   parts.push_back(random_fp8("p0", 128, 1024, rng));
   parts.push_back(random_fp8("p1", 384, 1024, rng));
   parts.push_back(random_fp8("p2", 72, 1024, rng));
-  check_fp8_linear("fp8 3 parts", parts, {1, 3, 8, 17, 64, 96, 200}, {LinearPath::kSmallM, LinearPath::kCublas}, 14);
-  // Activation rows padded (ld = k + 16 and + 48): the own kernel, cuBLASLt where it takes them.
-  check_fp8_linear("fp8 3 parts ld+16", parts, {5, 64, 96}, {LinearPath::kSmallM, LinearPath::kCublas}, 15, 16);
-  check_fp8_linear("fp8 3 parts ld+48", parts, {9, 40}, {LinearPath::kSmallM, LinearPath::kCublas}, 16, 48);
+  const std::vector<LinearPath> paths = {LinearPath::kSmallM, LinearPath::kCublas, LinearPath::kGemm};
+  check_fp8_linear("fp8 3 parts", parts, {1, 3, 8, 17, 64, 96, 200}, paths, 14);
+  // Activation rows padded (ld = k + 16 and + 48): the own kernels, cuBLASLt where it takes them.
+  check_fp8_linear("fp8 3 parts ld+16", parts, {5, 64, 96}, paths, 15, 16);
+  check_fp8_linear("fp8 3 parts ld+48", parts, {9, 40}, paths, 16, 48);
 }
 
 // Different splits of k (1 up to one 128-block per CTA) agree within the bound.
@@ -462,14 +480,15 @@ TEST_F(LinearCudaTest, Fp8EverySplitOfK) {
   std::vector<WeightMatrix> parts;
   parts.push_back(random_fp8("w", 384, 1536, rng));
   for (int splits : {1, 2, 3, 4, 6, 12})
-    check_fp8_linear("fp8 splits=" + std::to_string(splits), parts, {1, 8, 13, 64}, {LinearPath::kSmallM}, 16, 0,
-                     splits);
+    check_fp8_linear("fp8 splits=" + std::to_string(splits), parts, {1, 8, 13, 64, 100},
+                     {LinearPath::kSmallM, LinearPath::kGemm}, 16, 0, splits);
 }
 
 TEST_F(LinearCudaTest, Fp8FlashShapes) {
   std::mt19937_64 rng(17);
   const std::vector<int> ms = {1, 5, 8, 40, 64, 136, 515};
-  const std::vector<LinearPath> auto_path = {LinearPath::kSmallM, LinearPath::kCublas, LinearPath::kAuto};
+  const std::vector<LinearPath> auto_path = {LinearPath::kSmallM, LinearPath::kCublas, LinearPath::kAuto,
+                                             LinearPath::kGemm};
   {
     std::vector<WeightMatrix> parts;  // wq_a + wkv
     parts.push_back(random_fp8("wq_a", 1024, 4096, rng));
@@ -489,7 +508,8 @@ TEST_F(LinearCudaTest, Fp8FlashShapes) {
   {
     std::vector<WeightMatrix> parts;
     parts.push_back(random_fp8("indexer.wq_b", 8192, 1024, rng));
-    check_fp8_linear("indexer.wq_b", parts, {1, 8, 64, 512}, {LinearPath::kSmallM, LinearPath::kCublas}, 21);
+    check_fp8_linear("indexer.wq_b", parts, {1, 8, 64, 128, 512},
+                     {LinearPath::kSmallM, LinearPath::kCublas, LinearPath::kGemm}, 21);
   }
 }
 
@@ -567,6 +587,54 @@ TEST_F(LinearCudaTest, Fp8CublasFromTakesWholeMultiplesOf8) {
   }
 }
 
+// gemm_from, gemm_max: row counts between them go to the FP8 GEMM whole,
+// before small_m_max and cublas_from; fewer stay on the small-M kernel, more
+// go to cuBLASLt. Each output is the bits of the path that took its rows, and the
+// q-head tail is never fused on rows the GEMM takes.
+TEST_F(LinearCudaTest, Fp8GemmFromTakesItsRows) {
+  std::mt19937_64 rng(31);
+  const WeightMatrix w = random_fp8("w", 512, 1024, rng);
+  Fp8Linear gpu(w);
+  const int64_t n = gpu.out_features(), k = gpu.in_features();
+  LinearOptions from8;
+  from8.gemm_from = 8;
+  from8.gemm_max = 64;
+  from8.cublas_from = 16;
+  gpu.set_options(from8);
+  const cuda::LinearNeeds auto_needs = gpu.needs(136);
+  gpu.set_options({LinearPath::kGemm});
+  LinearWorkspace ws({auto_needs, gpu.needs(136)});
+  // m, the path that should take all rows
+  for (const auto& [m, path] : std::vector<std::pair<int, LinearPath>>{{1, LinearPath::kSmallM},
+                                                                       {7, LinearPath::kSmallM},
+                                                                       {8, LinearPath::kGemm},
+                                                                       {16, LinearPath::kGemm},
+                                                                       {33, LinearPath::kGemm},
+                                                                       {64, LinearPath::kGemm},
+                                                                       {72, LinearPath::kCublas},
+                                                                       {136, LinearPath::kCublas}}) {
+    const std::string at = "m=" + std::to_string(m);
+    DeviceArray<uint16_t> xd(to_bf16(random_activation(m, k, rng)));
+    DeviceAct act(m, k, m);
+    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
+    auto run = [&](const LinearOptions& o) {
+      gpu.set_options(o);
+      DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m) * size_t(n), kPoison16));
+      gpu.forward(Fp8Act(act.out()), y.get(), n, ws, nullptr);
+      sync();
+      return y.download();
+    };
+    const std::vector<uint16_t> y = run(from8);
+    const LinearRoute route = gpu.last_route();
+    EXPECT_EQ(route.gemm_rows, path == LinearPath::kGemm ? m : 0) << at;
+    EXPECT_EQ(route.cublas_rows, path == LinearPath::kCublas ? m : 0) << at << ": " << route.note;
+    EXPECT_EQ(route.kernel_rows, path == LinearPath::kSmallM ? m : 0) << at;
+    gpu.set_options(from8);
+    EXPECT_EQ(gpu.fuses_q_head(m), path == LinearPath::kSmallM) << at << ": 512 columns are one head";
+    EXPECT_TRUE(y == run({path})) << at << ": not the bits of the path that took the rows";
+  }
+}
+
 // ---- wo_a ---------------------------------------------------------------------------
 
 // Runs wo_a (G groups of [n_g, k_g]) at every m on each variant: y against
@@ -582,8 +650,11 @@ void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, 
   fp8_opts.fp8_input = true;
   gpu.set_options(fp8_opts);
   const cuda::LinearNeeds fp8_needs = gpu.needs(max_m);
+  fp8_opts.path = LinearPath::kGemm;
+  gpu.set_options(fp8_opts);
+  const cuda::LinearNeeds gemm_needs = gpu.needs(max_m);
   gpu.set_options({});
-  LinearWorkspace ws({gpu.needs(max_m), fp8_needs});
+  LinearWorkspace ws({gpu.needs(max_m), fp8_needs, gemm_needs});
   std::vector<Linear> cpu_bf16, cpu_fp8;
   for (int g = 0; g < groups; ++g) {
     cpu_bf16.emplace_back(&wm, LinearMode::kBf16, true, g * n_g, n_g);
@@ -600,7 +671,8 @@ void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, 
   const Variant variants[] = {{"own", LinearPath::kSmallM, false},
                               {"cublas", LinearPath::kCublas, false},
                               {"fp8_input own", LinearPath::kSmallM, true},
-                              {"fp8_input cublas", LinearPath::kCublas, true}};
+                              {"fp8_input cublas", LinearPath::kCublas, true},
+                              {"fp8_input gemm", LinearPath::kGemm, true}};
   for (int m : ms) {
     const std::string at = name + " m=" + std::to_string(m);
     const std::vector<float> x = random_activation(m, kin, rng);
@@ -643,6 +715,7 @@ void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, 
       const LinearRoute route = gpu.last_route();
       const int want_cublas = v.path != LinearPath::kCublas ? 0 : (v.fp8_input ? (m & ~7) : m);
       EXPECT_EQ(route.cublas_rows, want_cublas) << label << ": " << route.note;
+      EXPECT_EQ(route.gemm_rows, v.path == LinearPath::kGemm ? m : 0) << label;
       EXPECT_TRUE(runs[0] == runs[1]) << label << ": two runs differ";
       expect_guard(label, runs[0], m, nout, ldy, kPoison16);
       const std::vector<float> g = bf16_values(runs[0]);

@@ -1,0 +1,288 @@
+// The FP8 linears' wgmma GEMM for up to 128 activation rows (Fp8Linear
+// between the small-M kernel and cuBLASLt; LinearOptions::gemm_from and
+// gemm_max; the layer takes it for 16-64 rows, cuda_layer.cu).
+//
+// Why our own: cuBLASLt's block-scaled FP8 kernels run these decode-batch
+// shapes at 1.6-2.7x their weight bytes (docs/perf-notes.md, runs Q1-Q2),
+// and the kernel after them cannot start before they end (they take no part
+// in programmatic dependent launch). Here the weight, which no kernel
+// writes, is in flight before the PDL wait.
+//
+// A CTA owns 128 weight rows (one row block of the 128x128 weight scales;
+// warpgroup g the rows 64 (g % 2) .. 64 (g % 2) + 63) and a slice of k
+// (split-K: blockIdx.x, row block: blockIdx.y). The tokens are the
+// wgmma's N (16, 32, 64 or 128, zero rows past m), the weight its M: the
+// weight tile is A, the activation tile B, both e4m3 K-major in shared
+// memory with the 128-byte swizzle, one 128-wide k block per stage, loaded
+// by every thread with 16-byte cp.async into a ring of stages. The copies of
+// a stage are issued while the wgmmas of an earlier one run. Tiles of up to
+// 64 tokens fit two CTAs per SM, so one CTA's promotion and barriers overlap
+// the other's MMAs; 128 tokens take one CTA of four warpgroups (two along
+// the tokens), the same 16 warps per SM.
+//
+// Split-K runs in a thread-block cluster: the splits of a row block are one
+// cluster, each leaves its partial tile in its own shared memory, and each
+// then sums its share of the token rows over the cluster's tiles (DSMEM, in
+// split order 0..S-1) and writes them. Nothing goes through global memory
+// and no counter is needed; the sums are the same bits on every run.
+//
+// Numerics: each 128-k block is one chain of four m64nNk32 wgmmas into
+// fresh accumulators, then scaled by sx(token, kb) * sw(kb) into the fp32
+// running sums (DeepSeek-V3's promotion: Hopper's FP8 MMA keeps fewer
+// accumulator bits, about 14, inside a chain). The same class of error as
+// cuBLASLt's block-scaled FP8 product (the tests' bound 2^-11 sum|xw|).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attn/cuda/linear_gemv.cuh"
+#include "attn/cuda/ptx.cuh"
+#include "attn/cuda/wgmma_e4m3.cuh"
+#include "common/error.h"
+
+namespace dsv4::cuda::detail {
+namespace {
+
+constexpr int kATileBytes = kGemvCtaRows * 128;  // 128 weight rows of one 128-k block
+static_assert(kGemvCtaRows == 128, "warpgroups of 64 weight rows");
+constexpr int kGemmMaxSplits = 8;                // a portable cluster
+
+// NT tokens: two warpgroups (64 weight rows each) of NT tokens, two CTAs per
+// SM; 128 tokens: four warpgroups (64 rows x 64 tokens each), one CTA.
+template <int NT>
+struct GemmTile {
+  static constexpr int kTokenGroups = NT == 128 ? 2 : 1;  // warpgroups along the tokens
+  static constexpr int kThreads = 256 * kTokenGroups;
+  static constexpr int kWgTokens = NT / kTokenGroups;     // the wgmma's N
+  static constexpr int kCtasPerSm = NT <= 64 ? 2 : 1;
+  static constexpr int kRingBudget = kCtasPerSm == 2 ? 98304 : 196608;
+  static constexpr int kBBytes = NT * 128;  // NT tokens of one 128-k block
+  static constexpr int kStageBytes = kATileBytes + kBBytes;
+  static constexpr int kStages = kRingBudget / kStageBytes < 8 ? kRingBudget / kStageBytes : 8;
+  static constexpr int kAcc = kWgTokens / 2;  // fp32 accumulators per thread (m64n kWgTokens)
+  static constexpr int kCopyRows = kThreads / 8;  // rows one pass of 16-byte copies covers
+  // Ring, then the activation scales [stages][NT] and the weight scales [stages].
+  static constexpr size_t kSmemBytes = 1024 + size_t(kStages) * kStageBytes + size_t(kStages) * (NT + 1) * 4;
+  static_assert(kStages >= 4, "three stages in flight");
+  static_assert(NT * kCtStride * 4 <= kStages * kStageBytes, "the output tile reuses the ring");
+};
+
+// Sums token row t's 128 columns over the cluster's S tiles (split order)
+// and writes them as bf16: thread `lane` of a 32-thread group takes columns
+// 4 lane .. 4 lane + 3.
+__device__ __forceinline__ void write_row(const GemvArgs& a, uint32_t ct, int t, int lane, int splits, int cols) {
+  const int c = 4 * lane;
+  if (c >= cols) return;
+  const uint32_t at = ct + uint32_t(t * kCtStride + c) * 4;
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int sp = 0; sp < splits; ++sp) {
+    float4 p;
+    if (splits == 1) {
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w) : "r"(at));
+    } else {
+      asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w)
+                   : "r"(map_to_cta(at, uint32_t(sp))));
+    }
+    v.x += p.x, v.y += p.y, v.z += p.z, v.w += p.w;
+  }
+  uint16_t* y = static_cast<uint16_t*>(a.y) + int64_t(t) * a.ldy + int64_t(blockIdx.y) * kGemvCtaRows + c;
+  const uint16_t b[4] = {bf16_store(v.x), bf16_store(v.y), bf16_store(v.z), bf16_store(v.w)};
+  if (c + 4 <= cols && (reinterpret_cast<uintptr_t>(y) & 7) == 0) {
+    *reinterpret_cast<uint2*>(y) = make_uint2(uint32_t(b[0]) | (uint32_t(b[1]) << 16), uint32_t(b[2]) | (uint32_t(b[3]) << 16));
+  } else {
+    for (int e = 0; e < 4 && c + e < cols; ++e) y[e] = b[e];
+  }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPerSm)
+    gemm_fp8_kernel(const __grid_constant__ GemvArgs a) {
+  using Tile = GemmTile<NT>;
+  constexpr int D = Tile::kStages, R = Tile::kCopyRows;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  // 1024-byte aligned (swizzle atoms) as an offset from smem_raw, so every
+  // access stays a shared-memory one.
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  const uint32_t ring = smem_u32(smem);
+  float* sx = reinterpret_cast<float*>(smem + D * Tile::kStageBytes);
+  float* sw = sx + D * NT;
+
+  const int tid = threadIdx.x;
+  const int splits = int(gridDim.x);
+  const int kbc = int(a.k / splits / 128);  // k blocks of this CTA
+  const int64_t row0 = int64_t(blockIdx.y) * kGemvCtaRows;
+  const int64_t kcol0 = int64_t(blockIdx.x) * kbc * 128;      // within a group's k
+  const int64_t xcol0 = (row0 / a.group_rows) * a.k + kcol0;  // the activation's columns of this group
+
+  // Thread tid copies 16-byte chunk cc of rows cr + R j (weight: j < 128 / R;
+  // tokens: j < NT / R, or rows cr < 16 for NT = 16), swizzled: chunk c of
+  // row r lands at chunk c ^ (r % 8). Rows past n or m read nothing and land
+  // as zeros; their sources stay at the thread's first row, clamped.
+  // Everything but the k offset is fixed per thread.
+  constexpr int kWeightCopies = kGemvCtaRows / R, kTokenCopies = NT >= R ? NT / R : 1;
+  const int cr = tid >> 3, cc = tid & 7;
+  const uint32_t dst = uint32_t(cr * 128 + ((cc ^ (cr & 7)) << 4));
+  const int64_t wrow = row0 + cr < a.n ? row0 + cr : a.n - 1;
+  const uint8_t* wsrc = static_cast<const uint8_t*>(a.w) + wrow * a.k + kcol0 + 16 * cc;
+  const int64_t wstep = R * a.k;
+  unsigned wvalid = 0, xvalid = 0;
+#pragma unroll
+  for (int j = 0; j < kWeightCopies; ++j) wvalid |= unsigned(row0 + cr + R * j < a.n) << j;
+#pragma unroll
+  for (int j = 0; j < kTokenCopies; ++j) xvalid |= unsigned(cr + R * j < a.m && cr + R * j < NT) << j;
+  const uint8_t* xsrc = static_cast<const uint8_t*>(a.x) + int64_t(cr < a.m ? cr : 0) * a.ldx + xcol0 + 16 * cc;
+  const int64_t xstep = R * a.ldx;
+  const float* xscale = a.x_scales + (xcol0 / 128) * a.x_scale_ld + (tid < a.m ? tid : 0);
+  const float* wscale = a.w_scales + int64_t(blockIdx.y) * a.w_scale_ld + kcol0 / 128;
+
+  auto issue_weight = [&](int kb, uint32_t slot) {
+    const uint8_t* src = wsrc + 128 * kb;
+#pragma unroll
+    for (int j = 0; j < kWeightCopies; ++j) {
+      const bool ok = (wvalid >> j) & 1;
+      cp_async_16(slot + dst + R * 128 * j, ok ? src + j * wstep : src, ok ? 16 : 0);
+    }
+    if (tid == Tile::kThreads - 1) cp_async_4(smem_u32(sw + kb % D), wscale + kb, 4);
+  };
+  auto issue_tokens = [&](int kb, uint32_t slot) {
+    const uint8_t* src = xsrc + 128 * kb;
+#pragma unroll
+    for (int j = 0; j < kTokenCopies; ++j) {
+      const bool ok = (xvalid >> j) & 1;
+      if (NT >= R || cr < NT) cp_async_16(slot + kATileBytes + dst + R * 128 * j, ok ? src + j * xstep : src, ok ? 16 : 0);
+    }
+    if (tid < NT) cp_async_4(smem_u32(sx + (kb % D) * NT + tid), xscale + kb * a.x_scale_ld, tid < a.m ? 4 : 0);
+  };
+
+  // The weights of the first D - 1 stages fly while the previous kernel
+  // ends; the activation follows the wait. Stage s is in commit group s
+  // (group 0 also holds the early weights), then one group per iteration.
+  for (int s = 0; s < D - 1; ++s)
+    if (s < kbc) issue_weight(s, ring + uint32_t(s) * Tile::kStageBytes);
+  pdl_start();
+  for (int s = 0; s < D - 1; ++s) {
+    if (s < kbc) issue_tokens(s, ring + uint32_t(s) * Tile::kStageBytes);
+    cp_async_commit();
+  }
+
+  // Warpgroup wg: weight rows 64 (wg % 2) .., tokens tok0 = kWgTokens (wg / 2) ..
+  constexpr int WN = Tile::kWgTokens;
+  const int wg = tid >> 7, q = tid & 3, tok0 = WN * (wg >> 1);
+  float acc[Tile::kAcc], part[Tile::kAcc];
+#pragma unroll
+  for (int i = 0; i < Tile::kAcc; ++i) acc[i] = 0.0f;
+  int slot_kb = 0, slot_next = D - 1;  // slots of stages kb and kb + D - 1
+  for (int kb = 0; kb < kbc; ++kb) {
+    cp_async_wait_group<D - 2>();  // this thread's copies of stage kb have landed
+    fence_proxy_async();
+    __syncthreads();  // everyone's, and every warpgroup is done with stage kb - 1
+    const uint32_t slot = ring + uint32_t(slot_kb) * Tile::kStageBytes;
+    const uint64_t da = sw128_desc(slot + uint32_t(wg & 1) * 64 * 128, 16, 1024);
+    const uint64_t db = sw128_desc(slot + kATileBytes + uint32_t(tok0) * 128, 16, 1024);
+    wgmma_fence();
+    wgmma_e4m3_ss<WN, 0>(part, da, db);
+    wgmma_e4m3_ss<WN, 1>(part, da + 2, db + 2);  // + 32 bytes of k per step (descriptor units of 16)
+    wgmma_e4m3_ss<WN, 1>(part, da + 4, db + 4);
+    wgmma_e4m3_ss<WN, 1>(part, da + 6, db + 6);
+    wgmma_commit();
+    if (kb + D - 1 < kbc) {  // into stage kb - 1's slot while the MMAs run
+      const uint32_t next = ring + uint32_t(slot_next) * Tile::kStageBytes;
+      issue_weight(kb + D - 1, next);
+      issue_tokens(kb + D - 1, next);
+    }
+    cp_async_commit();
+    wgmma_wait<0>();
+    fence_regs(part);
+    const float swk = sw[slot_kb];
+    const float* sxk = sx + slot_kb * NT + tok0;
+#pragma unroll
+    for (int i = 0; i < WN / 8; ++i) {
+      const float2 s = *reinterpret_cast<const float2*>(sxk + 8 * i + 2 * q);
+      const float s0 = s.x * swk, s1 = s.y * swk;
+      acc[4 * i + 0] = fmaf(part[4 * i + 0], s0, acc[4 * i + 0]);
+      acc[4 * i + 1] = fmaf(part[4 * i + 1], s1, acc[4 * i + 1]);
+      acc[4 * i + 2] = fmaf(part[4 * i + 2], s0, acc[4 * i + 2]);
+      acc[4 * i + 3] = fmaf(part[4 * i + 3], s1, acc[4 * i + 3]);
+    }
+    slot_kb = slot_kb + 1 == D ? 0 : slot_kb + 1;
+    slot_next = slot_next + 1 == D ? 0 : slot_next + 1;
+  }
+
+  // This CTA's tile [NT tokens][128 weight rows] over the ring (row stride
+  // kCtStride: the lanes of a warp hit 32 different banks).
+  cp_async_wait_group<0>();
+  __syncthreads();
+  float* ct = reinterpret_cast<float*>(smem);
+  const int row = 64 * (wg & 1) + 16 * ((tid >> 5) & 3) + ((tid & 31) >> 2);
+#pragma unroll
+  for (int i = 0; i < WN / 8; ++i)
+#pragma unroll
+    for (int v = 0; v < 2; ++v)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        ct[(tok0 + 8 * i + 2 * q + c) * kCtStride + row + 8 * v] = acc[4 * i + 2 * v + c];
+  // Every tile of the cluster is complete (its CTAs' writes visible to all);
+  // then this CTA sums token rows blockIdx.x, + splits, ... over them.
+  if (splits > 1) cluster_sync();
+  else __syncthreads();
+  const int cols = int(a.n - row0 < kGemvCtaRows ? a.n - row0 : kGemvCtaRows);
+  for (int t = int(blockIdx.x) + splits * (tid >> 5); t < a.m; t += splits * (Tile::kThreads / 32))
+    write_row(a, ring, t, tid & 31, splits, cols);
+  if (splits > 1) cluster_sync();  // no CTA leaves while another reads its tile
+}
+
+template <int NT>
+void gemm_launch_nt(const GemvArgs& a, cudaStream_t stream) {
+  const dim3 grid(unsigned(a.splits), unsigned((a.n + kGemvCtaRows - 1) / kGemvCtaRows));
+  pdl_launch_clustered(gemm_fp8_kernel<NT>, grid, GemmTile<NT>::kThreads, GemmTile<NT>::kSmemBytes, stream, a.splits,
+                       a);
+}
+
+template <int NT>
+cudaError_t gemm_configure_nt() {
+  return cudaFuncSetAttribute(gemm_fp8_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              int(GemmTile<NT>::kSmemBytes));
+}
+
+}  // namespace
+
+int gemm_tile_rows(int m) { return m <= 16 ? 16 : (m <= 32 ? 32 : (m <= 64 ? 64 : 128)); }
+
+// The most splits (1, 2, 4 or 8: one cluster) dividing the k blocks that
+// keep the grid in one wave (two CTAs per SM up to 64 tokens, one above)
+// and leave each CTA at least 4 k blocks to pipeline.
+int gemm_choose_splits(int64_t n, int64_t k, int m, int sms, int forced) {
+  const int64_t kb = k / 128, nrb = (n + kGemvCtaRows - 1) / kGemvCtaRows;
+  if (forced > 0 && forced <= kGemmMaxSplits && kb % forced == 0) return forced;
+  const int64_t slots = int64_t(sms) * (gemm_tile_rows(m) <= 64 ? 2 : 1);
+  int64_t s = 1;
+  for (int64_t d = 2; d <= kGemmMaxSplits; d *= 2)
+    if (kb % d == 0 && kb / d >= 4 && nrb * d <= slots) s = d;
+  return int(s);
+}
+
+cudaError_t gemm_configure() {
+  cudaError_t e = gemm_configure_nt<16>();
+  if (e == cudaSuccess) e = gemm_configure_nt<32>();
+  if (e == cudaSuccess) e = gemm_configure_nt<64>();
+  if (e == cudaSuccess) e = gemm_configure_nt<128>();
+  return e;
+}
+
+void gemm_launch(const GemvArgs& a, CUstream_st* stream) {
+  gemv_prepare();  // configures this kernel too
+  DSV4_REQUIRE(a.kind == GemvWeight::kFp8 && !a.y_f32 && !a.quantize && a.q_head.counters == nullptr &&
+                   a.m >= 1 && a.m <= kGemmMaxRows && a.splits >= 1 && a.splits <= kGemmMaxSplits &&
+                   (a.k / 128) % a.splits == 0,
+               "linear (cuda): the FP8 GEMM takes FP8 products of 1-128 rows to bf16, split 1-8 ways");
+  switch (gemm_tile_rows(a.m)) {
+    case 16: gemm_launch_nt<16>(a, stream); break;
+    case 32: gemm_launch_nt<32>(a, stream); break;
+    case 64: gemm_launch_nt<64>(a, stream); break;
+    default: gemm_launch_nt<128>(a, stream); break;
+  }
+  check_cuda(cudaGetLastError(), "FP8 GEMM launch");
+}
+
+}  // namespace dsv4::cuda::detail

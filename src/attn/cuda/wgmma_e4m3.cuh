@@ -1,0 +1,54 @@
+#pragma once
+// wgmma m64nNk32 with e4m3 A and B both K-major in shared memory (matrix
+// descriptors da, db), fp32 accumulators: D[64 x N] (+)= A[64 x 32] B[32 x N].
+// kScaleD = 0 overwrites D, whose registers are then outputs only (the first
+// step of a chain needs no zeroed accumulators); it is an immediate, as in
+// indexer_mma.cuh. Accumulator layout (warp w of the warpgroup, lane 4 g + q):
+// d[4 i + 2 v + c] is row 16 w + g + 8 v, column 8 i + 2 q + c.
+// Defined for N = 16, 32, 64, 128.
+#include <cstdint>
+
+namespace dsv4::cuda {
+
+template <int N, int kScaleD>
+__device__ __forceinline__ void wgmma_e4m3_ss(float (&d)[N / 2], uint64_t da, uint64_t db);
+
+// DSV4_E4M3_Dn: accumulator operands d[o] .. d[o + n - 1] with constraint con.
+#define DSV4_E4M3_D8(con, o)                                                                                        \
+  con(d[o]), con(d[o + 1]), con(d[o + 2]), con(d[o + 3]), con(d[o + 4]), con(d[o + 5]), con(d[o + 6]), con(d[o + 7])
+#define DSV4_E4M3_D16(con, o) DSV4_E4M3_D8(con, o), DSV4_E4M3_D8(con, o + 8)
+#define DSV4_E4M3_D32(con, o) DSV4_E4M3_D16(con, o), DSV4_E4M3_D16(con, o + 16)
+#define DSV4_E4M3_D64(con, o) DSV4_E4M3_D32(con, o), DSV4_E4M3_D32(con, o + 32)
+#define DSV4_E4M3_OUT(x) "=f"(x)
+#define DSV4_E4M3_INOUT(x) "+f"(x)
+
+// The specialization <N, S>: `regs` is the accumulator list "%0, ..." of
+// N / 2 registers, `descs` the two descriptor operands after it, `dn` the
+// operand macro for N / 2 registers, `con` their constraint.
+#define DSV4_E4M3_ONE(N, S, con, regs, descs, dn)                                                                  \
+  template <>                                                                                                      \
+  __device__ __forceinline__ void wgmma_e4m3_ss<N, S>(float (&d)[N / 2], uint64_t da, uint64_t db) {             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " #S ", 0;\n"                                                  \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 {" regs "}, " descs ", p, 1, 1;\n}\n"   \
+                 : dn(con, 0)                                                                                      \
+                 : "l"(da), "l"(db));                                                                              \
+  }
+#define DSV4_E4M3_SS(N, regs, descs, dn)                 \
+  DSV4_E4M3_ONE(N, 0, DSV4_E4M3_OUT, regs, descs, dn) \
+  DSV4_E4M3_ONE(N, 1, DSV4_E4M3_INOUT, regs, descs, dn)
+
+DSV4_E4M3_SS(16, "%0, %1, %2, %3, %4, %5, %6, %7", "%8, %9", DSV4_E4M3_D8)
+DSV4_E4M3_SS(32, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15", "%16, %17", DSV4_E4M3_D16)
+DSV4_E4M3_SS(64, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31", "%32, %33", DSV4_E4M3_D32)
+DSV4_E4M3_SS(128, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63", "%64, %65", DSV4_E4M3_D64)
+
+#undef DSV4_E4M3_SS
+#undef DSV4_E4M3_ONE
+#undef DSV4_E4M3_INOUT
+#undef DSV4_E4M3_OUT
+#undef DSV4_E4M3_D64
+#undef DSV4_E4M3_D32
+#undef DSV4_E4M3_D16
+#undef DSV4_E4M3_D8
+
+}  // namespace dsv4::cuda
