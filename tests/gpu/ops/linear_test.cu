@@ -347,12 +347,7 @@ void check_fp8_linear(const std::string& name, const std::vector<WeightMatrix>& 
   Fp8Linear gpu(ptrs, LinearOptions{LinearPath::kAuto, 32, splits});
   const int64_t n = gpu.out_features(), k = gpu.in_features();
   const int max_m = *std::max_element(ms.begin(), ms.end());
-  std::vector<cuda::LinearNeeds> needs;
-  for (LinearPath p : paths) {
-    gpu.set_options({p, 32, splits});
-    needs.push_back(gpu.needs(max_m));
-  }
-  LinearWorkspace ws(needs);
+  LinearWorkspace ws({gpu.needs(max_m)});  // the FP8 GEMM needs none of it
   std::vector<Linear> cpu;
   for (const WeightMatrix& w : parts) cpu.emplace_back(&w, LinearMode::kFp8, true);
   const std::vector<float> w = dequantized(parts), aw = absolute(w);
@@ -551,6 +546,26 @@ TEST_F(LinearCudaTest, Fp8CublasSplitsKWhereFewTilesFillTheGpu) {
   }
 }
 
+// A random activation of m rows, quantized on the GPU, and the output of
+// `gpu` on it under options o (the routing tests).
+struct RoutedInput {
+  int m;
+  DeviceArray<uint16_t> xd;
+  DeviceAct act;
+  RoutedInput(int m_, int64_t k, std::mt19937_64& rng)
+      : m(m_), xd(to_bf16(random_activation(m_, k, rng))), act(m_, k, m_) {
+    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
+  }
+  std::vector<uint16_t> run(Fp8Linear& gpu, const LinearOptions& o, LinearWorkspace& ws) const {
+    gpu.set_options(o);
+    const int64_t n = gpu.out_features();
+    DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m) * size_t(n), kPoison16));
+    gpu.forward(Fp8Act(act.out()), y.get(), n, ws, nullptr);
+    sync();
+    return y.download();
+  }
+};
+
 // cublas_from: row counts from it that are multiples of 8 go to cuBLASLt
 // whole, below small_m_max too; the others stay on the own kernel (no second
 // pass over the weight for a remainder). Each output is the bits of the
@@ -559,22 +574,14 @@ TEST_F(LinearCudaTest, Fp8CublasFromTakesWholeMultiplesOf8) {
   std::mt19937_64 rng(23);
   const WeightMatrix w = random_fp8("w", 256, 1024, rng);
   Fp8Linear gpu(w);
-  const int64_t n = gpu.out_features(), k = gpu.in_features();
+  const int64_t k = gpu.in_features();
   LinearWorkspace ws({gpu.needs(40)});
   // m, rows cuBLASLt takes with cublas_from = 16 and small_m_max = 32
   for (const auto& [m, lt_rows] : std::vector<std::pair<int, int>>{
            {8, 0}, {12, 0}, {15, 0}, {16, 16}, {20, 0}, {24, 24}, {31, 0}, {32, 32}, {33, 32}, {40, 40}}) {
     const std::string at = "m=" + std::to_string(m);
-    DeviceArray<uint16_t> xd(to_bf16(random_activation(m, k, rng)));
-    DeviceAct act(m, k, m);
-    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
-    auto run = [&](const LinearOptions& o) {
-      gpu.set_options(o);
-      DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m) * size_t(n), kPoison16));
-      gpu.forward(Fp8Act(act.out()), y.get(), n, ws, nullptr);
-      sync();
-      return y.download();
-    };
+    const RoutedInput in(m, k, rng);
+    auto run = [&](const LinearOptions& o) { return in.run(gpu, o, ws); };
     LinearOptions from16;
     from16.cublas_from = 16;
     const std::vector<uint16_t> y = run(from16);
@@ -595,15 +602,12 @@ TEST_F(LinearCudaTest, Fp8GemmFromTakesItsRows) {
   std::mt19937_64 rng(31);
   const WeightMatrix w = random_fp8("w", 512, 1024, rng);
   Fp8Linear gpu(w);
-  const int64_t n = gpu.out_features(), k = gpu.in_features();
+  const int64_t k = gpu.in_features();
   LinearOptions from8;
   from8.gemm_from = 8;
   from8.gemm_max = 64;
   from8.cublas_from = 16;
-  gpu.set_options(from8);
-  const cuda::LinearNeeds auto_needs = gpu.needs(136);
-  gpu.set_options({LinearPath::kGemm});
-  LinearWorkspace ws({auto_needs, gpu.needs(136)});
+  LinearWorkspace ws({gpu.needs(136)});
   // m, the path that should take all rows
   for (const auto& [m, path] : std::vector<std::pair<int, LinearPath>>{{1, LinearPath::kSmallM},
                                                                        {7, LinearPath::kSmallM},
@@ -614,16 +618,8 @@ TEST_F(LinearCudaTest, Fp8GemmFromTakesItsRows) {
                                                                        {72, LinearPath::kCublas},
                                                                        {136, LinearPath::kCublas}}) {
     const std::string at = "m=" + std::to_string(m);
-    DeviceArray<uint16_t> xd(to_bf16(random_activation(m, k, rng)));
-    DeviceAct act(m, k, m);
-    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
-    auto run = [&](const LinearOptions& o) {
-      gpu.set_options(o);
-      DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m) * size_t(n), kPoison16));
-      gpu.forward(Fp8Act(act.out()), y.get(), n, ws, nullptr);
-      sync();
-      return y.download();
-    };
+    const RoutedInput in(m, k, rng);
+    auto run = [&](const LinearOptions& o) { return in.run(gpu, o, ws); };
     const std::vector<uint16_t> y = run(from8);
     const LinearRoute route = gpu.last_route();
     EXPECT_EQ(route.gemm_rows, path == LinearPath::kGemm ? m : 0) << at;
@@ -649,12 +645,9 @@ void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, 
   W8A16Options fp8_opts;
   fp8_opts.fp8_input = true;
   gpu.set_options(fp8_opts);
-  const cuda::LinearNeeds fp8_needs = gpu.needs(max_m);
-  fp8_opts.path = LinearPath::kGemm;
-  gpu.set_options(fp8_opts);
-  const cuda::LinearNeeds gemm_needs = gpu.needs(max_m);
+  const cuda::LinearNeeds fp8_needs = gpu.needs(max_m);  // the FP8 GEMM needs no more
   gpu.set_options({});
-  LinearWorkspace ws({gpu.needs(max_m), fp8_needs, gemm_needs});
+  LinearWorkspace ws({gpu.needs(max_m), fp8_needs});
   std::vector<Linear> cpu_bf16, cpu_fp8;
   for (int g = 0; g < groups; ++g) {
     cpu_bf16.emplace_back(&wm, LinearMode::kBf16, true, g * n_g, n_g);
