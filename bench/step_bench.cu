@@ -8,7 +8,8 @@
 //  - --prefill LEN: only one request prefilled to LEN tokens in 8K chunks
 //    (1048560 for the 1M row), then 16 decode steps: time, where it went,
 //    cache memory held.
-//  - --decode BATCH CONTEXT: only that decode row (to run under a profiler).
+//  - --decode BATCH CONTEXT: only that decode row (to run under a profiler);
+//    repeated, those rows in that order on one engine (for A/B calls).
 //  - --serial: every kernel of a layer on one stream (CudaBackendOptions::lanes
 //    off), to measure what the lanes overlap; --lanes-max N: lanes in steps of
 //    up to N rows (EngineOptions::cuda_lanes_max_tokens; default 128).
@@ -218,8 +219,7 @@ struct Bench {
 int main(int argc, char** argv) {
   bool quick = false;
   int64_t prefill_only = 0;
-  int decode_batch = 0;
-  int64_t decode_context = 0;
+  std::vector<std::pair<int, int64_t>> decode;  // --decode rows
   std::string json, trace;
   double gpu_memory = 0.9;
   bool lanes = true;
@@ -230,19 +230,20 @@ int main(int argc, char** argv) {
     else if (a == "--serial") lanes = false;
     else if (a == "--lanes-max" && i + 1 < argc) lanes_max = std::atoll(argv[++i]);
     else if (a == "--prefill" && i + 1 < argc && (prefill_only = std::atoll(argv[i + 1])) > 0) ++i;
-    else if (a == "--decode" && i + 2 < argc && (decode_batch = std::atoi(argv[i + 1])) > 0 &&
-             (decode_context = std::atoll(argv[i + 2])) > 0)
+    else if (a == "--decode" && i + 2 < argc && std::atoi(argv[i + 1]) > 0 && std::atoll(argv[i + 2]) > 0) {
+      decode.emplace_back(std::atoi(argv[i + 1]), std::atoll(argv[i + 2]));
       i += 2;
+    }
     else if (a == "--json" && i + 1 < argc) json = argv[++i];
     else if (a == "--trace" && i + 1 < argc) trace = argv[++i];
     else if (a == "--gpu-memory" && i + 1 < argc) gpu_memory = std::atof(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--prefill LEN | --decode BATCH CONTEXT [--trace CSV]] [--json FILE] [--gpu-memory F]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--prefill LEN | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV]] [--json FILE] [--gpu-memory F]\n", argv[0]);
       return 2;
     }
   }
-  if (!trace.empty() && decode_batch == 0) {
-    std::fprintf(stderr, "%s: --trace needs --decode BATCH CONTEXT (it times one decode row's step)\n", argv[0]);
+  if (!trace.empty() && decode.size() != 1) {
+    std::fprintf(stderr, "%s: --trace needs one --decode BATCH CONTEXT (it times one decode row's step)\n", argv[0]);
     return 2;
   }
   try {
@@ -252,10 +253,13 @@ int main(int argc, char** argv) {
       if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
       return 0;
     }
-    if (decode_batch > 0) {  // one decode row (for a profiler)
-      Bench b(decode_batch, decode_context + 64, gpu_memory, lanes, lanes_max);
+    if (!decode.empty()) {  // these decode rows only
+      int batch = 0;
+      int64_t context = 0;
+      for (const auto& [bt, ctx] : decode) batch = std::max(batch, bt), context = std::max(context, ctx);
+      Bench b(batch, context + 64, gpu_memory, lanes, lanes_max);
       b.trace_csv = trace;
-      b.decode_row(decode_batch, decode_context, quick ? 5 : 20);
+      for (const auto& [bt, ctx] : decode) b.decode_row(bt, ctx, quick ? 5 : 20);
       if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
       return 0;
     }

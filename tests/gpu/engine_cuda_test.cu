@@ -62,14 +62,20 @@ std::vector<float> inputs(const StepMetadata& s, int D) {
   return x;
 }
 
-// Prefill chunks (one ending inside a compression block), then decodes.
+// Prefill chunks (one ending inside a compression block), then decodes,
+// then steps of 40, 18 and 8 tokens (the FP8 linears' GEMM tiles of 64, 32
+// and 8 tokens, the last with wq_b's q-head tail) and a decode after them.
 std::vector<std::vector<dsv4::Run>> schedule() {
   return {{{0, 0, 300}, {1, 0, 77}},
           {{0, 300, 213}, {1, 77, 1}, {2, 0, 5}},
           {{0, 513, 1}, {1, 78, 1}, {2, 5, 1}},
           {{0, 514, 1}, {1, 79, 1}, {2, 6, 1}},
           {{0, 515, 1}, {1, 80, 1}, {2, 7, 1}},
-          {{0, 516, 1}, {1, 81, 1}}};
+          {{0, 516, 1}, {1, 81, 1}},
+          {{0, 517, 1}, {1, 82, 1}, {2, 8, 38}},
+          {{1, 83, 1}, {2, 46, 17}},
+          {{0, 518, 1}, {1, 84, 1}, {2, 63, 6}},
+          {{0, 519, 1}, {1, 85, 1}, {2, 69, 1}}};
 }
 
 }  // namespace

@@ -165,8 +165,9 @@ class Fp8Linear {
   // false and the caller runs that op.
   bool forward(const Fp8Act& x, uint16_t* y, int64_t ldy, LinearWorkspace& ws, CUstream_st* stream,
                const QHeadNormRopeParams* then_q_head = nullptr);
-  // Whether forward() fuses the q-head op for x.rows rows: the own kernel
-  // takes them all, at most 8, and the output is whole 512-column heads.
+  // Whether forward() fuses the q-head op for x.rows rows: the own GEMM or
+  // small-M kernel takes them all, at most 8, and the output is whole
+  // 512-column heads.
   bool fuses_q_head(int rows) const;
 
   int64_t in_features() const;

@@ -64,7 +64,8 @@ void Fp8Product::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const Linear
   a.x_scales = x.scales, a.x_scale_ld = x.scale_ld;
   a.y = y, a.ldy = ldy;
   a.forced_splits = opt.splits;
-  if (wants_gemm(opt, x.rows) && !tail) {
+  if (tail) a.q_head = *tail;
+  if (wants_gemm(opt, x.rows)) {
     run_gemm(a, x.rows, stream, route);
     return;
   }
@@ -88,7 +89,6 @@ void Fp8Product::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const Linear
   a.x = x.data + int64_t(lt_rows) * x.ld;
   a.x_scales = x.scales + lt_rows;
   a.y = y + int64_t(lt_rows) * ldy;
-  if (tail) a.q_head = *tail;
   run_gemv(a, x.rows - lt_rows, ws, stream, route);
 }
 
@@ -153,9 +153,12 @@ bool Fp8Linear::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, LinearWorkspa
   return fuse;
 }
 
+// The GEMM and the small-M kernel both have the tail; cuBLASLt has not
+// (forward tries the GEMM first).
 bool Fp8Linear::fuses_q_head(int rows) const {
-  return rows > 0 && rows <= detail::kGemvQHeadRows && !detail::wants_gemm(impl_->options, rows) &&
-         !detail::wants_cublas(impl_->options, rows) && detail::gemv_head_counters(out_features()) > 0;
+  const LinearOptions& o = impl_->options;
+  return rows > 0 && rows <= detail::kGemvQHeadRows && detail::gemv_head_counters(out_features()) > 0 &&
+         (detail::wants_gemm(o, rows) || !detail::wants_cublas(o, rows));
 }
 
 int64_t Fp8Linear::in_features() const { return impl_->w.cols; }

@@ -18,9 +18,9 @@ class Fp8Product {
 
   // y (bf16, row stride ldy) for rows [0, x.rows); x checked by the caller.
   // repack: scratch for the activation scales in cuBLASLt's layout
-  // (repack_floats(x.rows) floats, 16-byte aligned). tail: the own kernel's
-  // q-head tail (the caller checked that every row takes that kernel; the
-  // GEMM does not run with one).
+  // (repack_floats(x.rows) floats, 16-byte aligned). tail: the q-head tail
+  // of the GEMM or the small-M kernel (the caller checked that every row
+  // takes one of them).
   void forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const LinearOptions& opt, const LinearWorkspace& ws,
                float* repack, CUstream_st* stream, LinearRoute& route, const GemvQHeadTail* tail = nullptr);
 

@@ -11,7 +11,7 @@
 // A CTA owns 128 weight rows (one row block of the 128x128 weight scales;
 // warpgroup g the rows 64 (g % 2) .. 64 (g % 2) + 63) and a slice of k
 // (split-K: blockIdx.x, row block: blockIdx.y). The tokens are the
-// wgmma's N (16, 32, 64 or 128, zero rows past m), the weight its M: the
+// wgmma's N (8, 16, 32, 64 or 128, zero rows past m), the weight its M: the
 // weight tile is A, the activation tile B, both e4m3 K-major in shared
 // memory with the 128-byte swizzle, one 128-wide k block per stage, loaded
 // by every thread with 16-byte cp.async into a ring of stages. The copies of
@@ -31,6 +31,13 @@
 // running sums (DeepSeek-V3's promotion: Hopper's FP8 MMA keeps fewer
 // accumulator bits, about 14, inside a chain). The same class of error as
 // cuBLASLt's block-scaled FP8 product (the tests' bound 2^-11 sum|xw|).
+// Tiles of up to 16 tokens (decode steps) promote every 32 k instead: four
+// one-wgmma chains into their own registers, so shorter runs of truncated
+// adds, for a few registers more (with wq_a+wkv on it the golden's kv p99
+// went 1.10e-2 -> 6.9e-3, docs/perf-notes.md runs T1-T2).
+//
+// Up to 8 rows it can end with wq_b's q-head tail (GemvQHeadTail, as the
+// small-M kernel does): the last CTA to write a head norms and rotates it.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -47,8 +54,8 @@ constexpr int kATileBytes = kGemvCtaRows * 128;  // 128 weight rows of one 128-k
 static_assert(kGemvCtaRows == 128, "warpgroups of 64 weight rows");
 constexpr int kGemmMaxSplits = 8;                // a portable cluster
 
-// NT tokens: two warpgroups (64 weight rows each) of NT tokens, two CTAs per
-// SM; 128 tokens: four warpgroups (64 rows x 64 tokens each), one CTA.
+// NT (8-64) tokens: two warpgroups (64 weight rows each) of NT tokens, two
+// CTAs per SM; 128 tokens: four warpgroups (64 rows x 64 tokens each), one CTA.
 template <int NT>
 struct GemmTile {
   static constexpr int kTokenGroups = NT == 128 ? 2 : 1;  // warpgroups along the tokens
@@ -65,6 +72,10 @@ struct GemmTile {
   static constexpr size_t kSmemBytes = 1024 + size_t(kStages) * kStageBytes + size_t(kStages) * (NT + 1) * 4;
   static_assert(kStages >= 4, "three stages in flight");
   static_assert(NT * kCtStride * 4 <= kStages * kStageBytes, "the output tile reuses the ring");
+  // The q-head tail (up to kGemvQHeadRows tokens) runs on 256 threads in the ring.
+  static constexpr bool kQHeadTail = NT <= kGemvQHeadRows;
+  static constexpr int kChains = NT <= 16 ? 4 : 1;  // promotions per 128-k block
+  static_assert(!kQHeadTail || (kThreads == kQHeadThreads && sizeof(QHeadSmem) <= kStages * kStageBytes));
 };
 
 // Sums token row t's 128 columns over the cluster's S tiles (split order)
@@ -169,7 +180,8 @@ __global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPer
   // Warpgroup wg: weight rows 64 (wg % 2) .., tokens tok0 = kWgTokens (wg / 2) ..
   constexpr int WN = Tile::kWgTokens;
   const int wg = tid >> 7, q = tid & 3, tok0 = WN * (wg >> 1);
-  float acc[Tile::kAcc], part[Tile::kAcc];
+  constexpr int C = Tile::kChains;
+  float acc[Tile::kAcc], part[C][Tile::kAcc];
 #pragma unroll
   for (int i = 0; i < Tile::kAcc; ++i) acc[i] = 0.0f;
   int slot_kb = 0, slot_next = D - 1;  // slots of stages kb and kb + D - 1
@@ -181,10 +193,17 @@ __global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPer
     const uint64_t da = sw128_desc(slot + uint32_t(wg & 1) * 64 * 128, 16, 1024);
     const uint64_t db = sw128_desc(slot + kATileBytes + uint32_t(tok0) * 128, 16, 1024);
     wgmma_fence();
-    wgmma_e4m3_ss<WN, 0>(part, da, db);
-    wgmma_e4m3_ss<WN, 1>(part, da + 2, db + 2);  // + 32 bytes of k per step (descriptor units of 16)
-    wgmma_e4m3_ss<WN, 1>(part, da + 4, db + 4);
-    wgmma_e4m3_ss<WN, 1>(part, da + 6, db + 6);
+    // + 32 bytes of k per step (descriptor units of 16); with C = 4 each step is its own chain
+    wgmma_e4m3_ss<WN, 0>(part[0], da, db);
+    if constexpr (C == 4) {
+      wgmma_e4m3_ss<WN, 0>(part[1], da + 2, db + 2);
+      wgmma_e4m3_ss<WN, 0>(part[2], da + 4, db + 4);
+      wgmma_e4m3_ss<WN, 0>(part[3], da + 6, db + 6);
+    } else {
+      wgmma_e4m3_ss<WN, 1>(part[0], da + 2, db + 2);
+      wgmma_e4m3_ss<WN, 1>(part[0], da + 4, db + 4);
+      wgmma_e4m3_ss<WN, 1>(part[0], da + 6, db + 6);
+    }
     wgmma_commit();
     if (kb + D - 1 < kbc) {  // into stage kb - 1's slot while the MMAs run
       const uint32_t next = ring + uint32_t(slot_next) * Tile::kStageBytes;
@@ -193,17 +212,21 @@ __global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPer
     }
     cp_async_commit();
     wgmma_wait<0>();
-    fence_regs(part);
+#pragma unroll
+    for (int j = 0; j < C; ++j) fence_regs(part[j]);
     const float swk = sw[slot_kb];
     const float* sxk = sx + slot_kb * NT + tok0;
 #pragma unroll
     for (int i = 0; i < WN / 8; ++i) {
       const float2 s = *reinterpret_cast<const float2*>(sxk + 8 * i + 2 * q);
       const float s0 = s.x * swk, s1 = s.y * swk;
-      acc[4 * i + 0] = fmaf(part[4 * i + 0], s0, acc[4 * i + 0]);
-      acc[4 * i + 1] = fmaf(part[4 * i + 1], s1, acc[4 * i + 1]);
-      acc[4 * i + 2] = fmaf(part[4 * i + 2], s0, acc[4 * i + 2]);
-      acc[4 * i + 3] = fmaf(part[4 * i + 3], s1, acc[4 * i + 3]);
+#pragma unroll
+      for (int j = 0; j < C; ++j) {  // in k order
+        acc[4 * i + 0] = fmaf(part[j][4 * i + 0], s0, acc[4 * i + 0]);
+        acc[4 * i + 1] = fmaf(part[j][4 * i + 1], s1, acc[4 * i + 1]);
+        acc[4 * i + 2] = fmaf(part[j][4 * i + 2], s0, acc[4 * i + 2]);
+        acc[4 * i + 3] = fmaf(part[j][4 * i + 3], s1, acc[4 * i + 3]);
+      }
     }
     slot_kb = slot_kb + 1 == D ? 0 : slot_kb + 1;
     slot_next = slot_next + 1 == D ? 0 : slot_next + 1;
@@ -230,6 +253,8 @@ __global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPer
   for (int t = int(blockIdx.x) + splits * (tid >> 5); t < a.m; t += splits * (Tile::kThreads / 32))
     write_row(a, ring, t, tid & 31, splits, cols);
   if (splits > 1) cluster_sync();  // no CTA leaves while another reads its tile
+  if constexpr (Tile::kQHeadTail)
+    if (a.q_head.counters != nullptr) q_head_tail(a, int(blockIdx.y), unsigned(512 / kGemvCtaRows * splits), smem);
 }
 
 template <int NT>
@@ -239,31 +264,55 @@ void gemm_launch_nt(const GemvArgs& a, cudaStream_t stream) {
                        a);
 }
 
+// Clusters of 1, 2, 4 and 8 CTAs each tile size's kernel can hold resident
+// at once ([tile 8..128][log2 splits]; gemm_configure). A cluster's CTAs
+// must share a GPC, so this can be fewer than the CTA slots divided by the
+// cluster size: wo_b's 32 clusters of 8 took 14.1 us at one row where 4
+// splits took 11.4 (docs/perf-notes.md, run T1).
+int g_max_clusters[5][4] = {};
+
+int tile_index(int tile_rows) { return tile_rows <= 8 ? 0 : tile_rows <= 16 ? 1 : tile_rows <= 32 ? 2 : tile_rows <= 64 ? 3 : 4; }
+
 template <int NT>
 cudaError_t gemm_configure_nt() {
-  return cudaFuncSetAttribute(gemm_fp8_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              int(GemmTile<NT>::kSmemBytes));
+  cudaError_t e = cudaFuncSetAttribute(gemm_fp8_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(GemmTile<NT>::kSmemBytes));
+  for (int i = 0; i < 4 && e == cudaSuccess; ++i) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1u << i, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(1u << i, 1, 1);
+    cfg.blockDim = dim3(GemmTile<NT>::kThreads, 1, 1);
+    cfg.dynamicSmemBytes = GemmTile<NT>::kSmemBytes;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    e = cudaOccupancyMaxActiveClusters(&g_max_clusters[tile_index(NT)][i], gemm_fp8_kernel<NT>, &cfg);
+  }
+  return e;
 }
 
 }  // namespace
 
-int gemm_tile_rows(int m) { return m <= 16 ? 16 : (m <= 32 ? 32 : (m <= 64 ? 64 : 128)); }
+int gemm_tile_rows(int m) { return m <= 8 ? 8 : (m <= 16 ? 16 : (m <= 32 ? 32 : (m <= 64 ? 64 : 128))); }
 
 // The most splits (1, 2, 4 or 8: one cluster) dividing the k blocks that
-// keep the grid in one wave (two CTAs per SM up to 64 tokens, one above)
+// keep the grid in one wave (every row block's cluster resident at once)
 // and leave each CTA at least 4 k blocks to pipeline.
-int gemm_choose_splits(int64_t n, int64_t k, int m, int sms, int forced) {
+int gemm_choose_splits(int64_t n, int64_t k, int m, int forced) {
   const int64_t kb = k / 128, nrb = (n + kGemvCtaRows - 1) / kGemvCtaRows;
   if (forced > 0 && forced <= kGemmMaxSplits && kb % forced == 0) return forced;
-  const int64_t slots = int64_t(sms) * (gemm_tile_rows(m) <= 64 ? 2 : 1);
-  int64_t s = 1;
-  for (int64_t d = 2; d <= kGemmMaxSplits; d *= 2)
-    if (kb % d == 0 && kb / d >= 4 && nrb * d <= slots) s = d;
-  return int(s);
+  gemv_prepare();  // fills g_max_clusters
+  const int* clusters = g_max_clusters[tile_index(gemm_tile_rows(m))];
+  int s = 1;
+  for (int i = 1, d = 2; d <= kGemmMaxSplits; ++i, d *= 2)
+    if (kb % d == 0 && kb / d >= 4 && nrb <= clusters[i]) s = d;
+  return s;
 }
 
 cudaError_t gemm_configure() {
-  cudaError_t e = gemm_configure_nt<16>();
+  cudaError_t e = gemm_configure_nt<8>();
+  if (e == cudaSuccess) e = gemm_configure_nt<16>();
   if (e == cudaSuccess) e = gemm_configure_nt<32>();
   if (e == cudaSuccess) e = gemm_configure_nt<64>();
   if (e == cudaSuccess) e = gemm_configure_nt<128>();
@@ -272,11 +321,13 @@ cudaError_t gemm_configure() {
 
 void gemm_launch(const GemvArgs& a, CUstream_st* stream) {
   gemv_prepare();  // configures this kernel too
-  DSV4_REQUIRE(a.kind == GemvWeight::kFp8 && !a.y_f32 && !a.quantize && a.q_head.counters == nullptr &&
-                   a.m >= 1 && a.m <= kGemmMaxRows && a.splits >= 1 && a.splits <= kGemmMaxSplits &&
-                   (a.k / 128) % a.splits == 0,
+  DSV4_REQUIRE(a.kind == GemvWeight::kFp8 && !a.y_f32 && !a.quantize && a.m >= 1 && a.m <= kGemmMaxRows &&
+                   a.splits >= 1 && a.splits <= kGemmMaxSplits && (a.k / 128) % a.splits == 0,
                "linear (cuda): the FP8 GEMM takes FP8 products of 1-128 rows to bf16, split 1-8 ways");
+  DSV4_REQUIRE(a.q_head.counters == nullptr || (a.m <= kGemvQHeadRows && a.n % 512 == 0),
+               "linear (cuda): the FP8 GEMM's q-head tail takes whole heads of up to 8 rows");
   switch (gemm_tile_rows(a.m)) {
+    case 8: gemm_launch_nt<8>(a, stream); break;
     case 16: gemm_launch_nt<16>(a, stream); break;
     case 32: gemm_launch_nt<32>(a, stream); break;
     case 64: gemm_launch_nt<64>(a, stream); break;

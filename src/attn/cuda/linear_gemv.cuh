@@ -257,11 +257,14 @@ __device__ __forceinline__ void write_outputs(const GemvArgs& a, const float* ct
 // The q-head tail (GemvQHeadTail): the last of a head's four row blocks to
 // arrive (the arrival-counter pattern of reduce_splits) norms and rotates
 // the head of every row, in the shared memory the tile no longer needs.
+// row_block is this CTA's 128-row block of y; `arrivals` CTAs write a head
+// (its 4 row blocks, times the CTAs that share a row block's outputs in the
+// wgmma GEMM's split-K). Also the GEMM's tail (linear_gemm.cu).
 static_assert(kGemvQHeadRows == kQHeadRows && kGemvThreads == kQHeadThreads && 512 % kGemvCtaRows == 0);
-__device__ __forceinline__ void q_head_tail(const GemvArgs& a, uint32_t* smem) {
-  constexpr unsigned kBlocksPerHead = 512 / kGemvCtaRows;
-  const int head = int(blockIdx.x / kBlocksPerHead);
-  if (!last_to_arrive(a.q_head.counters + head, kBlocksPerHead)) return;  // after this block's outputs
+__device__ __forceinline__ void q_head_tail(const GemvArgs& a, int row_block, unsigned arrivals, void* smem) {
+  constexpr int kBlocksPerHead = 512 / kGemvCtaRows;
+  const int head = row_block / kBlocksPerHead;
+  if (!last_to_arrive(a.q_head.counters + head, arrivals)) return;  // after this CTA's outputs
   uint16_t* y = static_cast<uint16_t*>(a.y) + int64_t(head) * 512;
   q_head_rows(
       a.m, [&](int r) { return y + int64_t(r) * a.ldy; },
@@ -416,7 +419,7 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
   if (a.splits > 1 && !reduce_splits(a, ct)) return;
   write_outputs(a, ct);
   if constexpr (W == GemvWeight::kFp8)
-    if (a.q_head.counters != nullptr) q_head_tail(a, smem);
+    if (a.q_head.counters != nullptr) q_head_tail(a, int(blockIdx.x), 512 / kGemvCtaRows, smem);
 }
 
 // Launch of one instantiation (the host code checked the arguments).

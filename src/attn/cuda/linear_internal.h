@@ -82,9 +82,9 @@ void gemv_launch(const GemvArgs& a, CUstream_st* stream);
 inline constexpr int kGemmMaxRows = 128;
 // Tokens per wgmma tile: 16, 32, 64 or 128 (>= m).
 int gemm_tile_rows(int m);
-// Split of k (1, 2, 4 or 8 CTAs of a cluster); forced when it is one of
-// those and divides k / 128.
-int gemm_choose_splits(int64_t n, int64_t k, int m, int sms, int forced = 0);
+// Split of k (1, 2, 4 or 8 CTAs of a cluster, as many as keep one wave on
+// the current device); forced when it is one of those and divides k / 128.
+int gemm_choose_splits(int64_t n, int64_t k, int m, int forced = 0);
 // Launches one GEMM (m <= kGemmMaxRows); throws Error on a launch error.
 void gemm_launch(const GemvArgs& a, CUstream_st* stream);
 

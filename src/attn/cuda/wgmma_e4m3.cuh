@@ -5,7 +5,7 @@
 // step of a chain needs no zeroed accumulators); it is an immediate, as in
 // indexer_mma.cuh. Accumulator layout (warp w of the warpgroup, lane 4 g + q):
 // d[4 i + 2 v + c] is row 16 w + g + 8 v, column 8 i + 2 q + c.
-// Defined for N = 16, 32, 64, 128.
+// Defined for N = 8, 16, 32, 64, 128.
 #include <cstdint>
 
 namespace dsv4::cuda {
@@ -14,8 +14,8 @@ template <int N, int kScaleD>
 __device__ __forceinline__ void wgmma_e4m3_ss(float (&d)[N / 2], uint64_t da, uint64_t db);
 
 // DSV4_E4M3_Dn: accumulator operands d[o] .. d[o + n - 1] with constraint con.
-#define DSV4_E4M3_D8(con, o)                                                                                        \
-  con(d[o]), con(d[o + 1]), con(d[o + 2]), con(d[o + 3]), con(d[o + 4]), con(d[o + 5]), con(d[o + 6]), con(d[o + 7])
+#define DSV4_E4M3_D4(con, o) con(d[o]), con(d[o + 1]), con(d[o + 2]), con(d[o + 3])
+#define DSV4_E4M3_D8(con, o) DSV4_E4M3_D4(con, o), DSV4_E4M3_D4(con, o + 4)
 #define DSV4_E4M3_D16(con, o) DSV4_E4M3_D8(con, o), DSV4_E4M3_D8(con, o + 8)
 #define DSV4_E4M3_D32(con, o) DSV4_E4M3_D16(con, o), DSV4_E4M3_D16(con, o + 16)
 #define DSV4_E4M3_D64(con, o) DSV4_E4M3_D32(con, o), DSV4_E4M3_D32(con, o + 32)
@@ -37,6 +37,7 @@ __device__ __forceinline__ void wgmma_e4m3_ss(float (&d)[N / 2], uint64_t da, ui
   DSV4_E4M3_ONE(N, 0, DSV4_E4M3_OUT, regs, descs, dn) \
   DSV4_E4M3_ONE(N, 1, DSV4_E4M3_INOUT, regs, descs, dn)
 
+DSV4_E4M3_SS(8, "%0, %1, %2, %3", "%4, %5", DSV4_E4M3_D4)
 DSV4_E4M3_SS(16, "%0, %1, %2, %3, %4, %5, %6, %7", "%8, %9", DSV4_E4M3_D8)
 DSV4_E4M3_SS(32, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15", "%16, %17", DSV4_E4M3_D16)
 DSV4_E4M3_SS(64, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31", "%32, %33", DSV4_E4M3_D32)
@@ -50,5 +51,6 @@ DSV4_E4M3_SS(128, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %
 #undef DSV4_E4M3_D32
 #undef DSV4_E4M3_D16
 #undef DSV4_E4M3_D8
+#undef DSV4_E4M3_D4
 
 }  // namespace dsv4::cuda

@@ -597,7 +597,7 @@ TEST_F(LinearCudaTest, Fp8CublasFromTakesWholeMultiplesOf8) {
 // gemm_from, gemm_max: row counts between them go to the FP8 GEMM whole,
 // before small_m_max and cublas_from; fewer stay on the small-M kernel, more
 // go to cuBLASLt. Each output is the bits of the path that took its rows, and the
-// q-head tail is never fused on rows the GEMM takes.
+// q-head tail is fused on up to 8 rows of the GEMM or the small-M kernel.
 TEST_F(LinearCudaTest, Fp8GemmFromTakesItsRows) {
   std::mt19937_64 rng(31);
   const WeightMatrix w = random_fp8("w", 512, 1024, rng);
@@ -626,7 +626,7 @@ TEST_F(LinearCudaTest, Fp8GemmFromTakesItsRows) {
     EXPECT_EQ(route.cublas_rows, path == LinearPath::kCublas ? m : 0) << at << ": " << route.note;
     EXPECT_EQ(route.kernel_rows, path == LinearPath::kSmallM ? m : 0) << at;
     gpu.set_options(from8);
-    EXPECT_EQ(gpu.fuses_q_head(m), path == LinearPath::kSmallM) << at << ": 512 columns are one head";
+    EXPECT_EQ(gpu.fuses_q_head(m), m <= 8 && path != LinearPath::kCublas) << at << ": 512 columns are one head";
     EXPECT_TRUE(y == run({path})) << at << ": not the bits of the path that took the rows";
   }
 }
@@ -735,15 +735,17 @@ void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, 
 // ---- the q-head tail (wq_b's decode path) ----------------------------------------------
 
 // Fp8Linear with a q-head tail must give, bit for bit, the linear followed
-// by q_head_norm_rope_cuda: at 1..8 rows, with the automatic and a forced
-// split of k (then the heads' last CTAs are split-K reducers), twice in a row
-// (the arrival counters reset). At 9 rows forward() declines and the caller
-// runs the op. Without the tail the result is the plain linear, which the
-// norm changes everywhere, so a tail that did not run cannot pass.
-void check_q_head_tail(int heads, int64_t k, int splits, uint64_t seed) {
+// by q_head_norm_rope_cuda: at 1..8 rows, on the small-M kernel and the GEMM
+// (opts.path), with the automatic and a forced split of k (then the heads'
+// last CTAs are split-K reducers, or the GEMM's clusters write a head),
+// twice in a row (the arrival counters reset). At 9 rows forward() declines
+// and the caller runs the op. Without the tail the result is the plain
+// linear, which the norm changes everywhere, so a tail that did not run
+// cannot pass.
+void check_q_head_tail(int heads, int64_t k, const LinearOptions& opts, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const std::vector<WeightMatrix> parts = {random_fp8("wq_b", int64_t(heads) * 512, k, rng)};
-  Fp8Linear gpu(pointers(parts), LinearOptions{LinearPath::kAuto, 32, splits});
+  Fp8Linear gpu(pointers(parts), opts);
   const int64_t n = gpu.out_features();
   LinearWorkspace ws({gpu.needs(9)});
   const Rope rope(RopeParams{10000, false, YarnParams{}});
@@ -774,6 +776,7 @@ void check_q_head_tail(int heads, int64_t k, int splits, uint64_t seed) {
     for (int rep = 0; rep < 2; ++rep) {
       const bool fused = gpu.forward(Fp8Act(act.out()), got.get(), n, ws, nullptr, &qg);
       EXPECT_EQ(fused, m <= 8) << at;
+      if (opts.path == LinearPath::kGemm) EXPECT_EQ(gpu.last_route().gemm_rows, m) << at;
       if (!fused) cuda::q_head_norm_rope_cuda(qg, nullptr);
       sync();
       const std::vector<uint16_t> g = got.download();
@@ -787,10 +790,20 @@ void check_q_head_tail(int heads, int64_t k, int splits, uint64_t seed) {
 }
 
 TEST_F(LinearCudaTest, QHeadTailMatchesTheSeparateOp) {
-  check_q_head_tail(4, 256, 0, 81);
-  check_q_head_tail(4, 1024, 2, 82);   // split-K
-  check_q_head_tail(64, 1024, 0, 83);  // Flash's wq_b
+  check_q_head_tail(4, 256, {LinearPath::kAuto, 32, 0}, 81);
+  check_q_head_tail(4, 1024, {LinearPath::kAuto, 32, 2}, 82);   // split-K
+  check_q_head_tail(64, 1024, {LinearPath::kAuto, 32, 0}, 83);  // Flash's wq_b
 }
+
+// The same on the wgmma GEMM (small shapes, for compute-sanitizer), then at
+// Flash's wq_b.
+TEST_F(LinearCudaTest, QHeadTailOnTheGemmMatchesTheSeparateOp) {
+  check_q_head_tail(4, 1024, {LinearPath::kGemm, 32, 0}, 84);
+  check_q_head_tail(4, 1024, {LinearPath::kGemm, 32, 2}, 85);  // clusters of 2
+  check_q_head_tail(8, 2048, {LinearPath::kGemm, 32, 4}, 86);  // clusters of 4
+}
+
+TEST_F(LinearCudaTest, QHeadTailOnTheGemmFlashShape) { check_q_head_tail(64, 1024, {LinearPath::kGemm, 32, 0}, 87); }
 
 TEST_F(LinearCudaTest, W8A16SmallShapesAllVariants) {
   check_w8a16("wo_a 4x[128,256]", 4, 128, 256, small_ms(), 31);
