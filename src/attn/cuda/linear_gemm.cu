@@ -271,7 +271,8 @@ void gemm_launch_nt(const GemvArgs& a, cudaStream_t stream) {
 // splits took 11.4 (docs/perf-notes.md, run T1).
 int g_max_clusters[5][4] = {};
 
-int tile_index(int tile_rows) { return tile_rows <= 8 ? 0 : tile_rows <= 16 ? 1 : tile_rows <= 32 ? 2 : tile_rows <= 64 ? 3 : 4; }
+// The tile of m tokens: 8, 16, 32, 64, 128 tokens as 0 .. 4.
+int tile_index(int m) { return m <= 8 ? 0 : m <= 16 ? 1 : m <= 32 ? 2 : m <= 64 ? 3 : 4; }
 
 template <int NT>
 cudaError_t gemm_configure_nt() {
@@ -294,7 +295,7 @@ cudaError_t gemm_configure_nt() {
 
 }  // namespace
 
-int gemm_tile_rows(int m) { return m <= 8 ? 8 : (m <= 16 ? 16 : (m <= 32 ? 32 : (m <= 64 ? 64 : 128))); }
+int gemm_tile_rows(int m) { return 8 << tile_index(m); }
 
 // The most splits (1, 2, 4 or 8: one cluster) dividing the k blocks that
 // keep the grid in one wave (every row block's cluster resident at once)
@@ -303,7 +304,7 @@ int gemm_choose_splits(int64_t n, int64_t k, int m, int forced) {
   const int64_t kb = k / 128, nrb = (n + kGemvCtaRows - 1) / kGemvCtaRows;
   if (forced > 0 && forced <= kGemmMaxSplits && kb % forced == 0) return forced;
   gemv_prepare();  // fills g_max_clusters
-  const int* clusters = g_max_clusters[tile_index(gemm_tile_rows(m))];
+  const int* clusters = g_max_clusters[tile_index(m)];
   int s = 1;
   for (int i = 1, d = 2; d <= kGemmMaxSplits; ++i, d *= 2)
     if (kb % d == 0 && kb / d >= 4 && nrb <= clusters[i]) s = d;

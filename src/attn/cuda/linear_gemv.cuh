@@ -472,7 +472,8 @@ void gemv_launch_bf16(const GemvArgs& a, cudaStream_t stream);
 cudaError_t gemv_configure_fp8();
 cudaError_t gemv_configure_w8a16();
 cudaError_t gemv_configure_bf16();
-// Allows the FP8 GEMM's shared memory (linear_gemm.cu).
+// Allows the FP8 GEMM's shared memory and counts the clusters of each of
+// its tiles that fit at once (linear_gemm.cu).
 cudaError_t gemm_configure();
 
 }  // namespace dsv4::cuda::detail

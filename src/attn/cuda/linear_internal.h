@@ -77,10 +77,10 @@ void gemv_prepare();
 void gemv_launch(const GemvArgs& a, CUstream_st* stream);
 
 // The FP8 linears' wgmma GEMM (linear_gemm.cu): the same arguments (kind
-// kFp8, bf16 y, no quantize, no q-head tail; partials and counters unused),
-// 1 .. kGemmMaxRows activation rows per launch.
+// kFp8, bf16 y, no quantize, a q-head tail only up to kGemvQHeadRows rows;
+// partials and counters unused), 1 .. kGemmMaxRows activation rows per launch.
 inline constexpr int kGemmMaxRows = 128;
-// Tokens per wgmma tile: 16, 32, 64 or 128 (>= m).
+// Tokens per wgmma tile: 8, 16, 32, 64 or 128 (>= m).
 int gemm_tile_rows(int m);
 // Split of k (1, 2, 4 or 8 CTAs of a cluster, as many as keep one wave on
 // the current device); forced when it is one of those and divides k / 128.
