@@ -130,16 +130,16 @@ LinearOptions cublas_from(LinearOptions o, int rows) {
 }
 
 // The rows an FP8 linear takes the own wgmma GEMM for, before cuBLASLt and
-// the small-M kernel (docs/perf-notes.md, runs R4 and T1-T2): wq_a+wkv, wq_b
-// and indexer.wq_b at 8-64 rows, wo_b at 8-32. At 128 rows cuBLASLt is
-// faster for all but wq_a+wkv (level), and the 128-row steps were slower
-// with it. Below 8 rows the GEMM is faster alone (wq_b at one row: 8.2
-// against 10.5 us) but the batch-1 step was slower with it in every mix
-// tried (3.74-4.04 against 3.57 ms), while batch 8 gained (4.27-4.31
-// against 4.58-4.64 ms with all four on it). Options that set gemm_from
-// themselves keep theirs.
-LinearOptions gemm_rows(LinearOptions o, int from, int max) {
-  if (o.gemm_from == 0) o.gemm_from = from, o.gemm_max = max;
+// the small-M kernel (docs/perf-notes.md, runs R4, T1-T2 and U1-U2):
+// wq_a+wkv, wq_b and indexer.wq_b at 1-64 rows, wo_b at 1-32. At 128 rows
+// cuBLASLt is faster for all but wq_a+wkv (level), and the 128-row steps
+// were slower with it. Below 8 rows the GEMM is faster alone (wq_b at one
+// row: 8.2 against 10.6 us) but made the batch-1 step slower (3.74-4.04
+// against 3.57 ms) until its weight copies took the L2 evict-first policy:
+// then 3.29-3.32 ms, and 3.38-3.54 at 2-4 rows (3.64-3.87 on the small-M
+// kernel). Options that set gemm_from themselves keep theirs.
+LinearOptions gemm_rows(LinearOptions o, int max) {
+  if (o.gemm_from == 0) o.gemm_from = 1, o.gemm_max = max;
   return o;
 }
 
@@ -163,9 +163,9 @@ CudaLayer::CudaLayer(const ModelConfig& config, const LayerWeights& w, IndexKeyF
                      const LinearOptions& linear)
     : config_(config), layer_(w.layer), type_(w.type), keys_(keys), rope_(config.rope_params(w.type)),
       wqkv_((require_fp8(w.wq_a), require_fp8(w.wkv), std::vector<const WeightMatrix*>{&w.wq_a, &w.wkv}),
-            gemm_rows(cublas_from(linear, 16), 8, 64)),
-      wq_b_((require_fp8(w.wq_b), w.wq_b), gemm_rows(cublas_from(linear, 32), 8, 64)),
-      wo_b_((require_fp8(w.wo_b), w.wo_b), gemm_rows(cublas_from(linear, 16), 8, 32)),
+            gemm_rows(cublas_from(linear, 16), 64)),
+      wq_b_((require_fp8(w.wq_b), w.wq_b), gemm_rows(cublas_from(linear, 32), 64)),
+      wo_b_((require_fp8(w.wo_b), w.wo_b), gemm_rows(cublas_from(linear, 16), 32)),
       q_norm_(w.q_norm), kv_norm_(w.kv_norm), sink_(w.attn_sink), ape_(ape_or_empty(w.compressor)),
       norm_(w.compressor ? w.compressor->norm : std::vector<float>{}),
       idx_ape_(w.indexer ? w.indexer->compressor.ape : std::vector<float>{}),
@@ -179,7 +179,7 @@ CudaLayer::CudaLayer(const ModelConfig& config, const LayerWeights& w, IndexKeyF
   if (w.compressor) proj_.emplace(proj_parts(w), linear);
   if (w.indexer) {
     require_fp8(w.indexer->wq_b);
-    idx_wq_b_.emplace(w.indexer->wq_b, gemm_rows(cublas_from(linear, 16), 8, 64));
+    idx_wq_b_.emplace(w.indexer->wq_b, gemm_rows(cublas_from(linear, 16), 64));
   }
 }
 

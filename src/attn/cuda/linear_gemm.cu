@@ -1,6 +1,6 @@
 // The FP8 linears' wgmma GEMM for up to 128 activation rows (Fp8Linear
 // between the small-M kernel and cuBLASLt; LinearOptions::gemm_from and
-// gemm_max; the layer takes it for 16-64 rows, cuda_layer.cu).
+// gemm_max; the layer takes it for 1-64 rows, cuda_layer.cu).
 //
 // Why our own: cuBLASLt's block-scaled FP8 kernels run these decode-batch
 // shapes at 1.6-2.7x their weight bytes (docs/perf-notes.md, runs Q1-Q2),
@@ -15,7 +15,11 @@
 // weight tile is A, the activation tile B, both e4m3 K-major in shared
 // memory with the 128-byte swizzle, one 128-wide k block per stage, loaded
 // by every thread with 16-byte cp.async into a ring of stages. The copies of
-// a stage are issued while the wgmmas of an earlier one run. Tiles of up to
+// a stage are issued while the wgmmas of an earlier one run. The weight's
+// copies take the L2 evict-first policy: with the default one the kernels
+// after this one ended later, by about what it gained on the small-M kernel
+// (batch-1 step 3.56 ms on the small-M kernel, 3.74-4.04 on this one, 3.30
+// with the policy; docs/perf-notes.md, runs T2 and U1-U2). Tiles of up to
 // 64 tokens fit two CTAs per SM, so one CTA's promotion and barriers overlap
 // the other's MMAs; 128 tokens take one CTA of four warpgroups (two along
 // the tokens), the same 16 warps per SM.
@@ -147,12 +151,13 @@ __global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPer
   const float* xscale = a.x_scales + (xcol0 / 128) * a.x_scale_ld + (tid < a.m ? tid : 0);
   const float* wscale = a.w_scales + int64_t(blockIdx.y) * a.w_scale_ld + kcol0 / 128;
 
+  const uint64_t policy = l2_evict_first_policy();
   auto issue_weight = [&](int kb, uint32_t slot) {
     const uint8_t* src = wsrc + 128 * kb;
 #pragma unroll
     for (int j = 0; j < kWeightCopies; ++j) {
       const bool ok = (wvalid >> j) & 1;
-      cp_async_16(slot + dst + R * 128 * j, ok ? src + j * wstep : src, ok ? 16 : 0);
+      cp_async_16(slot + dst + R * 128 * j, ok ? src + j * wstep : src, ok ? 16 : 0, policy);
     }
     if (tid == Tile::kThreads - 1) cp_async_4(smem_u32(sw + kb % D), wscale + kb, 4);
   };
