@@ -284,9 +284,7 @@ cudaError_t gemm_configure_nt() {
   cudaError_t e = cudaFuncSetAttribute(gemm_fp8_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(GemmTile<NT>::kSmemBytes));
   for (int i = 0; i < 4 && e == cudaSuccess; ++i) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1u << i, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cudaLaunchAttribute attr = cluster_attribute(1 << i);
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(1u << i, 1, 1);
     cfg.blockDim = dim3(GemmTile<NT>::kThreads, 1, 1);

@@ -36,6 +36,17 @@ __device__ __forceinline__ void pdl_start() {
   wait_for_prior_grids();
 }
 
+// The launch attribute for clusters of `cluster` CTAs along x (also what the
+// FP8 GEMM asks the occupancy API about, linear_gemm.cu).
+inline cudaLaunchAttribute cluster_attribute(int cluster) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = unsigned(cluster);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  return attr;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream
 // serialization allowed, its CTAs in clusters of `cluster` along x (1: no
 // clusters). Errors surface in the caller's cudaGetLastError().
@@ -50,10 +61,7 @@ inline void pdl_launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 bloc
   cudaLaunchAttribute attr[2]{};
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = unsigned(cluster);
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
+  attr[1] = cluster_attribute(cluster);
   cfg.attrs = attr;
   cfg.numAttrs = cluster > 1 ? 2 : 1;
   cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
