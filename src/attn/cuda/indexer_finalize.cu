@@ -9,6 +9,14 @@
 // again.
 // Tokens without keys (padding, nothing visible) get -1 rows and length 0
 // and read nothing but the plan.
+// Up to kRankTokens tokens (decode steps) a token takes kRankCtas CTAs
+// instead of one, and no sort: each CTA gathers the same candidates, and
+// ranks its share of them by counting the keys above each one (keys are
+// unique, so a rank is the key's place in the best-first order). One CTA
+// sorting 1,024 candidates was most of the 15.6 us the kernel took in a
+// batch-1 C4A layer (docs/perf-notes.md, runs U3-U4), while 131 SMs idled;
+// ranked, it ends 10.1 us after the score kernel, and the batch-1 step at
+// 4K context took 3.22 instead of 3.33 ms (runs V1-V2).
 #include <cuda_runtime.h>
 
 #include "attn/cuda/indexer_select_internal.cuh"
@@ -32,6 +40,41 @@ constexpr int kBatch = 8;
 constexpr int kSortPer = 4;
 constexpr int kSortKeys = kSortPer * kFinalizeThreads;
 static_assert(kIndexerMaxTopk <= kSortKeys && kSortKeys <= kStageKeys, "the sort's buffers");
+// The rank path: CTAs per token, for up to kRankTokens tokens (up to 256
+// CTAs: one wave). CTA c of a token ranks the keys whose index is c modulo
+// the CTAs (every CTA holds the same set, each in its own order: the
+// appends race), kRankKeys keys at a time (their counts in hist), each
+// compared with a kRankParts-th of the set by one thread.
+constexpr int kRankTokens = 16;
+constexpr int kRankCtas = 16;
+constexpr int kRankKeys = 64;
+constexpr int kRankParts = kFinalizeThreads / kRankKeys;
+static_assert(kRankKeys % 32 == 0 && kRankKeys <= (1 << kBits), "whole warps of keys; their counts fit hist");
+
+// f(rank, key) for the keys s[pos[0 .. c)] of the m unique keys s[0 .. m),
+// rank = how many of s are above the key, over the CTA's threads (every
+// thread calls it; counts: kRankKeys words of shared memory). A warp's lanes
+// take 32 keys and the same part of s, so their loads of s broadcast.
+template <typename F>
+__device__ void rank_keys(const uint64_t* s, int m, const uint16_t* pos, int c, uint32_t* counts, int tid, F&& f) {
+  const int part_len = (m + kRankParts - 1) / kRankParts, part = tid / kRankKeys;
+  const int lo = min(m, part * part_len), hi = min(m, lo + part_len);
+  for (int j0 = 0; j0 < c; j0 += kRankKeys) {  // uniform
+    if (tid < kRankKeys) counts[tid] = 0;
+    __syncthreads();
+    const int j = j0 + tid % kRankKeys;
+    if (j < c) {
+      const uint64_t key = s[pos[j]];
+      uint32_t above = 0;
+#pragma unroll 4
+      for (int i = lo; i < hi; ++i) above += s[i] > key ? 1u : 0u;
+      atomicAdd(counts + (j - j0), above);
+    }
+    __syncthreads();
+    if (tid < kRankKeys && j0 + tid < c) f(counts[tid], s[pos[j0 + tid]]);
+    __syncthreads();  // counts are read before the next keys zero them
+  }
+}
 
 __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const SelectArgs a) {
   __shared__ uint32_t hist[1 << kBits];
@@ -39,11 +82,13 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   __shared__ uint64_t sorted[kIndexerMaxTopk];
   __shared__ uint64_t staged[kStageKeys];
   __shared__ unsigned long long bound;
-  __shared__ int total, kept_count, staged_count;
+  __shared__ uint16_t owned[kSortKeys];  // the rank path: where this CTA's keys are in the set
+  __shared__ int total, kept_count, staged_count, owned_count;
   __shared__ int counts[kMaxGroupUnits];  // list s's count, loaded once
   const IndexerSelectParams& p = a.p;
   const Workspace& ws = a.ws;
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, k = p.topk;
+  const int ctas = int(gridDim.y), cta = int(blockIdx.y);  // this token's CTAs (the rank path when > 1)
   // The plan, before the wait (the plan kernel lets nothing start before it ends).
   const int real = p.real_tokens ? min(max(*p.real_tokens, 0), p.num_tokens) : p.num_tokens;
   const TokenRef ref = t < real ? ws.tokens[t] : TokenRef{-1, 0};
@@ -52,12 +97,12 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   pdl_start();  // pdl.cuh: launched with pdl_launch
   // The score kernel has finished taking units: rewind its counter, so that
   // the next score on this plan (run_planned, the next layer) starts again.
-  if (blockIdx.x == 0 && threadIdx.x == 0) a.ws.counters->next_unit = 0;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) a.ws.counters->next_unit = 0;
   const int lists = ref.group >= 0 ? gr.units : 0;
   const bool bounded = ref.group >= 0 && has_list_bounds(gr);
   auto list_of = [&](int s) { return list_index(gr, s, ref.tl); };
 
-  if (tid == 0) total = kept_count = staged_count = 0, bound = ~0ull;
+  if (tid == 0) total = kept_count = staged_count = owned_count = 0, bound = ~0ull;
   __syncthreads();
   int mine = 0;
   for (int s = tid; s < lists; s += kFinalizeThreads) {
@@ -130,38 +175,51 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
     }
   };
 
-  // Few candidates (all of them at short context): sort them all and keep
-  // the best k. More: a threshold with k keys at or above it by radix select,
-  // then sort those.
-  uint64_t* best = sorted;
-  int kept;
-  if (in_smem && n <= kSortKeys) {
-    bitonic_sort_desc<kFinalizeThreads, kSortPer>(staged, n, tid);
-    best = staged;
-    kept = min(n, k);
-  } else {
+  int32_t* picks = p.picks + int64_t(t) * k;
+  int32_t* slots = p.slots + int64_t(t) * k;
+  auto write = [&](int i, uint64_t key) {
+    const int32_t j = indexer_key_index(key);
+    picks[i] = j;
+    slots[i] = block_table_slot(p.c4a_table, gr.run, j);
+  };
+  // Few candidates (all of them at short context): all of them are the set.
+  // More: a threshold with k keys at or above it by radix select, and those.
+  // Then the best k of the set, best first: sorted by one CTA, or ranked by
+  // the token's CTAs.
+  uint64_t* set = staged;
+  int m = n;
+  if (!(in_smem && n <= kSortKeys)) {
     const uint64_t kth = radix_kth<kBits>(each_key, uint32_t(k), hist, sel, tid, kFinalizeThreads,
                                           [] { __syncthreads(); });
     each_key([&](uint64_t key) { warp_append(key != 0 && key >= kth, key, sorted, &kept_count, lane); });
     __syncthreads();
-    kept = kept_count;  // k: keys are unique
-    bitonic_sort_desc<kFinalizeThreads, kSortPer>(sorted, kept, tid);
+    set = sorted, m = kept_count;  // k: keys are unique
   }
-
-  int32_t* picks = p.picks + int64_t(t) * k;
-  int32_t* slots = p.slots + int64_t(t) * k;
-  for (int i = tid; i < k; i += kFinalizeThreads) {
-    const int32_t j = i < kept ? indexer_key_index(best[i]) : -1;
-    picks[i] = j;
-    slots[i] = i < kept ? block_table_slot(p.c4a_table, gr.run, j) : -1;
+  const int kept = min(m, k);
+  if (ctas > 1) {
+    for (int i0 = 0; i0 < m; i0 += kFinalizeThreads) {  // uniform: whole warps append
+      const int i = i0 + tid;
+      warp_append(i < m && int(uint32_t(set[i]) % uint32_t(ctas)) == cta, uint16_t(i), owned, &owned_count, lane);
+    }
+    __syncthreads();
+    rank_keys(set, m, owned, owned_count, hist, tid, [&](uint32_t rank, uint64_t key) {
+      if (int(rank) < k) write(int(rank), key);
+    });
+  } else {
+    bitonic_sort_desc<kFinalizeThreads, kSortPer>(set, m, tid);
   }
-  if (tid == 0) p.lengths[t] = kept;
+  for (int i = cta * kFinalizeThreads + tid; i < k; i += ctas * kFinalizeThreads) {
+    if (i >= kept) picks[i] = slots[i] = -1;
+    else if (ctas == 1) write(i, set[i]);
+  }
+  if (cta == 0 && tid == 0) p.lengths[t] = kept;
 }
 
 }  // namespace
 
 void launch_finalize(const SelectArgs& a, cudaStream_t stream) {
-  pdl_launch(finalize_kernel, unsigned(a.p.num_tokens), kFinalizeThreads, 0, stream, a);
+  const unsigned ctas = a.p.num_tokens <= kRankTokens ? kRankCtas : 1;
+  pdl_launch(finalize_kernel, dim3(unsigned(a.p.num_tokens), ctas), kFinalizeThreads, 0, stream, a);
 }
 
 }  // namespace dsv4::cuda::ix

@@ -196,8 +196,8 @@ __device__ void bitonic_sort_desc(uint64_t* s, int n, int tid) {
 // *count (one shared-memory atomic per warp). Every lane of the warp must
 // call. Positions at or past cap are counted but not written: *count > cap
 // afterwards says that buf overflowed.
-__device__ __forceinline__ void warp_append(bool take, uint64_t key, uint64_t* buf, int* count, int lane,
-                                            int cap = 0x7fffffff) {
+template <typename T>
+__device__ __forceinline__ void warp_append(bool take, T key, T* buf, int* count, int lane, int cap = 0x7fffffff) {
   const uint32_t ballot = __ballot_sync(0xffffffffu, take);
   if (ballot == 0) return;
   const int leader = __ffs(ballot) - 1;
