@@ -388,6 +388,40 @@ void CudaLayer::project_out(StepBuffers& b, bool rotate_out) {
   wo_b_.forward(b.u8, b.y, config_.hidden_size, b.linear(Lane::kMain), b.stream);
 }
 
+// Reads back what the golden replay compares, after the attention and
+// before the output's inverse RoPE (in place on o): q, the attention output,
+// the step's new cache entries and (C4A) index keys and picks.
+void CudaLayer::read_back(const StepBuffers& b, LayerCapture& capture) const {
+  check(cudaStreamSynchronize(b.stream), "capture");
+  const int real = real_tokens(b), H = config_.num_heads;
+  capture.q = download_bf16(b.q, real, int64_t(H) * kKvDim, int64_t(H) * kKvDim);
+  capture.attn = download_bf16(b.o, real, int64_t(H) * kKvDim, int64_t(H) * kKvDim);
+  const std::vector<int32_t> swa = download_ints(b.step.swa_slot, real);
+  capture.kv.assign(size_t(real) * kKvDim, 0.0f);
+  const KvPagesMut swa_pages = b.cache->pages(layer_, CacheKind::kSwa);
+  for (int t = 0; t < real; ++t)
+    if (swa[size_t(t)] >= 0)
+      read_device_entry(swa_pages, EntryFormat::kFp8DsMla, kKvDim, swa[size_t(t)],
+                        capture.kv.data() + size_t(t) * kKvDim);
+  if (type_ != LayerType::kSwaOnly) {
+    const bool c4a = type_ == LayerType::kC4A;
+    const std::vector<int32_t> slots = download_ints(c4a ? b.step.c4a_slot : b.step.c128a_slot, real);
+    capture_entries(slots, real, b.cache->pages(layer_, CacheKind::kCompressed), EntryFormat::kFp8DsMla, kKvDim,
+                    capture.compressed_tokens, capture.compressed);
+    if (c4a) {
+      const EntryFormat kf = keys_ == IndexKeyFormat::kFp8 ? EntryFormat::kIndexFp8 : EntryFormat::kIndexMxfp4;
+      capture_entries(slots, real, b.cache->pages(layer_, CacheKind::kIndexKeys), kf, kIndexDim,
+                      capture.index_key_tokens, capture.index_keys);
+      const int k = config_.index_topk;
+      const std::vector<int32_t> picks = download_ints(b.picks, int64_t(real) * k);
+      const std::vector<int32_t> lengths = download_ints(b.pick_lengths, real);
+      capture.topk.assign(size_t(real), {});
+      for (int t = 0; t < real; ++t)
+        capture.topk[size_t(t)].assign(picks.begin() + int64_t(t) * k, picks.begin() + int64_t(t) * k + lengths[size_t(t)]);
+    }
+  }
+}
+
 void CudaLayer::forward(StepBuffers& b, LayerCapture* capture) {
   if (b.tokens == 0) return;
   compress(b);      // compressor lane
@@ -399,38 +433,7 @@ void CudaLayer::forward(StepBuffers& b, LayerCapture* capture) {
   // The output's inverse RoPE is fused into the attention's output writes,
   // except when the golden replay reads o back before it (then its own kernel).
   attend(b, /*rotate_out=*/capture == nullptr);
-  if (capture) {
-    // Read back what the golden replay compares before the inverse RoPE
-    // (in place on o); q, picks and cache entries stay.
-    check(cudaStreamSynchronize(b.stream), "capture");
-    const int real = real_tokens(b), H = config_.num_heads;
-    capture->q = download_bf16(b.q, real, int64_t(H) * kKvDim, int64_t(H) * kKvDim);
-    capture->attn = download_bf16(b.o, real, int64_t(H) * kKvDim, int64_t(H) * kKvDim);
-    const std::vector<int32_t> swa = download_ints(b.step.swa_slot, real);
-    capture->kv.assign(size_t(real) * kKvDim, 0.0f);
-    const KvPagesMut swa_pages = b.cache->pages(layer_, CacheKind::kSwa);
-    for (int t = 0; t < real; ++t)
-      if (swa[size_t(t)] >= 0)
-        read_device_entry(swa_pages, EntryFormat::kFp8DsMla, kKvDim, swa[size_t(t)],
-                          capture->kv.data() + size_t(t) * kKvDim);
-    if (type_ != LayerType::kSwaOnly) {
-      const bool c4a = type_ == LayerType::kC4A;
-      const std::vector<int32_t> slots = download_ints(c4a ? b.step.c4a_slot : b.step.c128a_slot, real);
-      capture_entries(slots, real, b.cache->pages(layer_, CacheKind::kCompressed), EntryFormat::kFp8DsMla, kKvDim,
-                      capture->compressed_tokens, capture->compressed);
-      if (c4a) {
-        const EntryFormat kf = keys_ == IndexKeyFormat::kFp8 ? EntryFormat::kIndexFp8 : EntryFormat::kIndexMxfp4;
-        capture_entries(slots, real, b.cache->pages(layer_, CacheKind::kIndexKeys), kf, kIndexDim,
-                        capture->index_key_tokens, capture->index_keys);
-        const int k = config_.index_topk;
-        const std::vector<int32_t> picks = download_ints(b.picks, int64_t(real) * k);
-        const std::vector<int32_t> lengths = download_ints(b.pick_lengths, real);
-        capture->topk.assign(size_t(real), {});
-        for (int t = 0; t < real; ++t)
-          capture->topk[size_t(t)].assign(picks.begin() + int64_t(t) * k, picks.begin() + int64_t(t) * k + lengths[size_t(t)]);
-      }
-    }
-  }
+  if (capture) read_back(b, *capture);
   project_out(b, /*rotate_out=*/capture != nullptr);
 }
 

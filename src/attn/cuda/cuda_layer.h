@@ -76,6 +76,7 @@ class CudaLayer {
   void attend(StepBuffers& b, bool rotate_out);  // rotate_out: the output inverse RoPE fused in
   void project_out(StepBuffers& b, bool rotate_out);  // rotate_out: the inverse RoPE first
   void mark(StepBuffers& b, int event) const;
+  void read_back(const StepBuffers& b, LayerCapture& capture) const;  // golden replay: synchronises the stream
   Lane heads_lane() const;  // wq_b's lane: its own where the indexer runs beside it
 
   const ModelConfig& config_;
