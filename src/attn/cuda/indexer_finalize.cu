@@ -10,9 +10,11 @@
 // Tokens without keys (padding, nothing visible) get -1 rows and length 0
 // and read nothing but the plan.
 // Up to kRankTokens tokens (decode steps) a token takes kRankCtas CTAs
-// instead of one, and no sort: each CTA gathers the same candidates, and
-// ranks its share of them by counting the keys above each one (keys are
-// unique, so a rank is the key's place in the best-first order). One CTA
+// instead of one. Each gathers the same candidates; when they are few (up
+// to kSortKeys) there is no sort: each CTA ranks its share of them by
+// counting the keys above each one (keys are unique, so a rank is the key's
+// place in the best-first order). More, and CTA 0 selects and sorts them
+// alone while the others leave. One CTA
 // sorting 1,024 candidates was most of the 15.6 us the kernel took in a
 // batch-1 C4A layer (docs/perf-notes.md, runs U3-U4), while 131 SMs idled;
 // ranked, it ends 10.1 us after the score kernel, and the batch-1 step at
@@ -182,13 +184,18 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
     picks[i] = j;
     slots[i] = block_table_slot(p.c4a_table, gr.run, j);
   };
-  // Few candidates (all of them at short context): all of them are the set.
-  // More: a threshold with k keys at or above it by radix select, and those.
-  // Then the best k of the set, best first: sorted by one CTA, or ranked by
-  // the token's CTAs.
+  // Few candidates (all of them at short context): all of them are the set,
+  // ranked by the token's CTAs (or sorted where it has one). More (long
+  // context): a threshold with k keys at or above it by radix select, which
+  // reads the lists again when they do not fit shared memory, and the keys
+  // at or above it, sorted by CTA 0 alone: the token's other CTAs leave
+  // rather than repeat the select.
+  const bool few = in_smem && n <= kSortKeys;  // the same in every CTA of the token
+  const int parts = few ? ctas : 1;            // CTAs that write this token's rows
+  if (cta >= parts) return;
   uint64_t* set = staged;
   int m = n;
-  if (!(in_smem && n <= kSortKeys)) {
+  if (!few) {
     const uint64_t kth = radix_kth<kBits>(each_key, uint32_t(k), hist, sel, tid, kFinalizeThreads,
                                           [] { __syncthreads(); });
     each_key([&](uint64_t key) { warp_append(key != 0 && key >= kth, key, sorted, &kept_count, lane); });
@@ -196,10 +203,10 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
     set = sorted, m = kept_count;  // k: keys are unique
   }
   const int kept = min(m, k);
-  if (ctas > 1) {
+  if (parts > 1) {
     for (int i0 = 0; i0 < m; i0 += kFinalizeThreads) {  // uniform: whole warps append
       const int i = i0 + tid;
-      warp_append(i < m && int(uint32_t(set[i]) % uint32_t(ctas)) == cta, uint16_t(i), owned, &owned_count, lane);
+      warp_append(i < m && int(uint32_t(set[i]) % uint32_t(parts)) == cta, uint16_t(i), owned, &owned_count, lane);
     }
     __syncthreads();
     rank_keys(set, m, owned, owned_count, hist, tid, [&](uint32_t rank, uint64_t key) {
@@ -208,9 +215,9 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   } else {
     bitonic_sort_desc<kFinalizeThreads, kSortPer>(set, m, tid);
   }
-  for (int i = cta * kFinalizeThreads + tid; i < k; i += ctas * kFinalizeThreads) {
+  for (int i = cta * kFinalizeThreads + tid; i < k; i += parts * kFinalizeThreads) {
     if (i >= kept) picks[i] = slots[i] = -1;
-    else if (ctas == 1) write(i, set[i]);
+    else if (parts == 1) write(i, set[i]);
   }
   if (cta == 0 && tid == 0) p.lengths[t] = kept;
 }
