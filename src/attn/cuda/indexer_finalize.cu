@@ -13,12 +13,14 @@
 // instead of one. Each gathers the same candidates; when they are few (up
 // to kSortKeys) there is no sort: each CTA ranks its share of them by
 // counting the keys above each one (keys are unique, so a rank is the key's
-// place in the best-first order). More, and CTA 0 selects and sorts them
-// alone while the others leave. One CTA
-// sorting 1,024 candidates was most of the 15.6 us the kernel took in a
-// batch-1 C4A layer (docs/perf-notes.md, runs U3-U4), while 131 SMs idled;
-// ranked, it ends 10.1 us after the score kernel, and the batch-1 step at
-// 4K context took 3.22 instead of 3.33 ms (runs V1-V2).
+// place in the best-first order). One CTA sorting 1,024 candidates was
+// most of the 15.6 us the kernel took in a batch-1 C4A layer
+// (docs/perf-notes.md, runs U3-U4), while 131 SMs idled; ranked, it ends
+// 10.1 us after the score kernel, and the batch-1 step at 4K context took
+// 3.22 instead of 3.33 ms (runs V1-V2). More candidates (long context), and
+// CTA 0 selects and sorts them alone while the others leave: each of the 16
+// repeating the select over the lists in global memory made the 1M-context
+// steps slower (8 x 1M: 8.32-8.51 against 8.51-8.56 ms, run W1).
 #include <cuda_runtime.h>
 
 #include "attn/cuda/indexer_select_internal.cuh"
