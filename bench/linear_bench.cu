@@ -255,6 +255,8 @@ void run_shape(const Shape& s, const std::vector<int>& ms, const Options& opt, u
   const bool fp8_math = s.kind == Kind::kFp8 || s.kind == Kind::kW8A16Fp8Input;
   const double weight_bytes = double(n * s.k) * (s.kind == Kind::kBf16 ? 2 : 1);
   const int max_m = *std::max_element(ms.begin(), ms.end());
+  // Sized under the forced split (--splits): a linear's needs() follow its options.
+  c.set_path(LinearPath::kAuto, opt.small_m_max, opt.splits);
   LinearWorkspace ws({c.needs(max_m)});  // the own FP8 GEMM needs none of it
   cudaStream_t st;
   CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
