@@ -63,19 +63,35 @@ __device__ __forceinline__ void fence_acc(float (&r)[32]) {
   for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-// Four e2m1 codes (the low 16 bits of h16, element 0 in the low nibble) ->
-// four int8 values 2 * e2m1 * 2^shift (shift 0..3: |value| <= 96), element 0
-// in the low byte. Magnitudes come from a byte permutation of an 8-entry
-// table, signs from a second table of negated entries.
-__device__ __forceinline__ uint32_t e2m1x4_to_s8(uint32_t h16, int shift) {
+// e2m1 codes -> int8 values 2 * e2m1 * 2^shift (shift 0..3: |value| <= 96).
+// Magnitudes come from a byte permutation of an 8-entry table, their
+// negations from a second one, and a third permutation takes each byte from
+// one or the other by the code's sign. The tables depend on the shift only
+// (one per key row).
+struct E2m1Table {
+  uint32_t pos_lo, pos_hi, neg_lo, neg_hi;
+};
+__device__ __forceinline__ E2m1Table e2m1_table(int shift) {
   const uint32_t pos_lo = 0x03020100u << shift, pos_hi = 0x0c080604u << shift;  // 2 * e2m1 magnitudes << shift
-  const uint32_t neg_lo = (~pos_lo + 0x01010100u) & 0xffffff00u;                // bytewise negation (entry 0 stays 0)
-  const uint32_t neg_hi = ~pos_hi + 0x01010101u;
-  const uint32_t sel = h16 & 0x7777u;               // magnitude index per nibble
-  const uint32_t sign_sel = (h16 >> 1) & 0x4444u;   // 4 (a 0xff byte) where the sign bit is set
-  const uint32_t pos = __byte_perm(pos_lo, pos_hi, sel), neg = __byte_perm(neg_lo, neg_hi, sel);
-  const uint32_t m = __byte_perm(0u, 0xffffffffu, sign_sel);
-  return (pos & ~m) | (neg & m);
+  // bytewise negation (entry 0 stays 0)
+  return E2m1Table{pos_lo, pos_hi, (~pos_lo + 0x01010100u) & 0xffffff00u, ~pos_hi + 0x01010101u};
+}
+// Eight codes (element 0 in the low nibble of w) -> elements 0..3 in lo and
+// 4..7 in hi, element 0 in the low byte. (A permutation reads the low 16
+// bits of its selector and 3 bits of each nibble: `sel` and `from` hold
+// both halves' selectors, shifted down for hi.) About 11 instructions a
+// word, where four codes at a time took about 15.
+__device__ __forceinline__ void e2m1x8_to_s8(uint32_t w, const E2m1Table& t, uint32_t& lo, uint32_t& hi) {
+  const uint32_t sel = w & 0x77777777u;                         // magnitude index per nibble
+  const uint32_t from = ((w >> 1) & 0x44444444u) | 0x32103210u;  // byte i: i (magnitude) or 4 + i (negated)
+  lo = __byte_perm(__byte_perm(t.pos_lo, t.pos_hi, sel), __byte_perm(t.neg_lo, t.neg_hi, sel), from);
+  hi = __byte_perm(__byte_perm(t.pos_lo, t.pos_hi, sel >> 16), __byte_perm(t.neg_lo, t.neg_hi, sel >> 16), from >> 16);
+}
+// Four codes (the low 16 bits of h16) -> four int8 values, element 0 in the low byte.
+__device__ __forceinline__ uint32_t e2m1x4_to_s8(uint32_t h16, int shift) {
+  uint32_t lo, hi;
+  e2m1x8_to_s8(h16 & 0xffffu, e2m1_table(shift), lo, hi);
+  return lo;
 }
 
 // cvt.rn.relu.bf16x2: {hi, lo} rounded to bf16 (nearest even), negatives to 0.

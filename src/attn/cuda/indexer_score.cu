@@ -444,10 +444,9 @@ __device__ bool score_tile(const Smem<C>& s, const uint8_t* stage, int wg, int r
       a[st][2] = w0[2 * st + 1];
       a[st][3] = w1[2 * st + 1];
     } else {
-      a[st][0] = e2m1x4_to_s8(w0[st] & 0xffffu, shift0);
-      a[st][1] = e2m1x4_to_s8(w1[st] & 0xffffu, shift1);
-      a[st][2] = e2m1x4_to_s8(w0[st] >> 16, shift0);
-      a[st][3] = e2m1x4_to_s8(w1[st] >> 16, shift1);
+      const E2m1Table tab0 = e2m1_table(shift0), tab1 = e2m1_table(shift1);  // (hoisted: the loop unrolls)
+      e2m1x8_to_s8(w0[st], tab0, a[st][0], a[st][2]);
+      e2m1x8_to_s8(w1[st], tab1, a[st][1], a[st][3]);
     }
   }
   // Materialize the fragments here: left to the scheduler, the conversions
@@ -554,7 +553,10 @@ __device__ void consume(const IndexerSelectParams& p, const Smem<C>& s, const Gr
   for (int i = 0; i < mine; ++i) {
     issue(i + kStages - 1);
     cp_async_wait_group<kStages - 1>();  // this thread's copies of tile i have landed
-    wg_sync(wg);                         // and everyone's
+    wg_sync(wg);                         // and everyone's; the last tile's appends are done
+    if constexpr (kSelect)
+      for (int tl = 0; tl < kG; ++tl)  // cut when another tile might not fit
+        if (m->count[wg][tl] > kBufCap - kTileKeys) compact(s, wg, tl, p.topk);
     if (((has_page >> (kStages - 1)) & 1u) == 0) continue;  // no page: no keys (uniform)
     const int64_t j0 = int64_t(tile_of(i)) * kTileKeys;
     const bool ok = score_tile<C, kG>(s, s.stage(wg, i % kStages), wg, rows_of(i));
@@ -576,9 +578,8 @@ __device__ void consume(const IndexerSelectParams& p, const Smem<C>& s, const Gr
         take = take && key > m->tau[wg][tl];
         warp_append(take, key, s.buf(wg, tl), &m->count[wg][tl], lane);  // a warp's pairs share tl
       }
-      wg_sync(wg);
-      for (int tl = 0; tl < kG; ++tl)  // cut when another tile might not fit
-        if (m->count[wg][tl] > kBufCap - kTileKeys) compact(s, wg, tl, p.topk);
+      // (A full buffer is cut after the next tile's barrier, which orders
+      // these appends: one barrier a tile fewer.)
     }
   }
   cp_async_wait_group<0>();
