@@ -77,10 +77,10 @@ __device__ __forceinline__ E2m1Table e2m1_table(int shift) {
   return E2m1Table{pos_lo, pos_hi, (~pos_lo + 0x01010100u) & 0xffffff00u, ~pos_hi + 0x01010101u};
 }
 // Eight codes (element 0 in the low nibble of w) -> elements 0..3 in lo and
-// 4..7 in hi, element 0 in the low byte. (A permutation reads the low 16
-// bits of its selector and 3 bits of each nibble: `sel` and `from` hold
-// both halves' selectors, shifted down for hi.) About 11 instructions a
-// word, where four codes at a time took about 15.
+// 4..7 in hi, element 0 in the low byte. (A permutation reads only the low
+// 16 bits of its selector, so `sel` and `from` hold both halves' selectors,
+// shifted down for hi; every selector nibble is 0..7.) About 11
+// instructions a word, where four codes at a time took about 15.
 __device__ __forceinline__ void e2m1x8_to_s8(uint32_t w, const E2m1Table& t, uint32_t& lo, uint32_t& hi) {
   const uint32_t sel = w & 0x77777777u;                         // magnitude index per nibble
   const uint32_t from = ((w >> 1) & 0x44444444u) | 0x32103210u;  // byte i: i (magnitude) or 4 + i (negated)
