@@ -287,7 +287,7 @@ void run_shape(const Shape& s, const std::vector<int>& ms, const Options& opt, u
     const LinearRoute lt_route = c.route();
     const bool lt_valid = lt_route.cublas_rows == m;
     char gemm_col[32] = "-";
-    if (fp8_math) {  // the own FP8 GEMM applies
+    if (fp8_math || s.kind == Kind::kW8A16) {  // the own wgmma GEMM applies
       c.set_path(LinearPath::kGemm, opt.small_m_max, opt.splits);
       const double g = time_calls(c, m, in, out, b, ws, st, opt.reps);
       std::snprintf(gemm_col, sizeof gemm_col, "%.2f (%d)", g, c.route().splits);

@@ -25,7 +25,9 @@
 // Paths. FP8 products of gemm_from .. gemm_max (at most 128) rows, where the
 // options ask for it, run the own wgmma GEMM (split-K, weight tiles in flight
 // before the programmatic-launch wait; Hopper's FP8 MMA accumulation, the
-// error class of cuBLASLt's FP8 product; linear_gemm.cu). Otherwise, up to
+// error class of cuBLASLt's FP8 product; linear_gemm.cu); so do wo_a's
+// FP8 x bf16 products (the weight decoded exactly to bf16 in registers,
+// launches of up to 32 rows, the FP8 output quantized in the same kernel). Otherwise, up to
 // small_m_max rows a linear runs its own small-M kernel: split-K over
 // the weight (16-byte loads, block scales applied in registers, tensor-core
 // MMAs on operands decoded exactly), partial sums combined in a fixed order
@@ -63,8 +65,8 @@ enum class LinearPath {
   kAuto,    // own kernel up to small_m_max rows, cuBLASLt above
   kSmallM,  // own kernel for every row count (in launches of up to 64 rows)
   kCublas,  // cuBLASLt wherever it takes the rows (tests, benchmarks)
-  kGemm,    // FP8 products: the own wgmma GEMM for every row count (in launches of up to 128
-            // rows); the other kinds run the small-M kernel
+  kGemm,    // FP8 and FP8 x bf16 (wo_a) products: the own wgmma GEMM for every row count (in
+            // launches of up to 128 and 32 rows); bf16 weights run the small-M kernel
 };
 
 struct LinearOptions {
@@ -79,7 +81,7 @@ struct LinearOptions {
   // or below small_m_max; 0: never. For shapes whose split-K kernel loses to
   // cuBLASLt before small_m_max (the layer's choices: cuda_layer.cu).
   int cublas_from = 0;
-  // FP8 products of gemm_from .. gemm_max rows (at most 128) run the own
+  // FP8 products (and wo_a's FP8 x bf16 ones) of gemm_from .. gemm_max rows (at most 128) run the own
   // wgmma GEMM (before small_m_max and cublas_from); gemm_from 0: never.
   // The layer's choices: cuda_layer.cu.
   int gemm_from = 0;

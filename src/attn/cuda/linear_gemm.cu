@@ -42,6 +42,19 @@
 //
 // Up to 8 rows it can end with wq_b's q-head tail (GemvQHeadTail, as the
 // small-M kernel does): the last CTA to write a head norms and rotates it.
+//
+// wo_a (kW8A16: FP8 weight x bf16 activation, up to 32 rows) runs the same
+// ring with a bf16 activation tile and bf16 wgmmas whose A comes from
+// registers: each thread reads its weight rows 16 bytes at a time from the
+// stage and decodes them exactly into bf16 fragments (the small-M kernel's
+// decoder: bits times 2^-120, one exact multiply by 2^120). A 16-byte read
+// holds 16 consecutive k of which each wgmma step takes four, so the k order
+// inside a 128-k block is permuted; the MMA only needs A and B to agree, and
+// the activation's 4-byte pairs are copied into the permuted places
+// (w8a16_pair_offset). Each 128-k block is one chain of eight m64nNk16
+// wgmmas, scaled by sw(kb) into the running sums (bf16 products are exact and
+// their sums fp32); the output tile can also be quantized to FP8 in the
+// cluster's write (wo_b's input), as the small-M kernel does.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -60,31 +73,43 @@ constexpr int kGemmMaxSplits = 8;                // a portable cluster
 
 // NT (8-64) tokens: two warpgroups (64 weight rows each) of NT tokens, two
 // CTAs per SM; 128 tokens: four warpgroups (64 rows x 64 tokens each), one CTA.
-template <int NT>
+// W: kFp8 (e4m3 activation, FP8 wgmma) or kW8A16 (bf16 activation, NT <= 32).
+template <int NT, GemvWeight W = GemvWeight::kFp8>
 struct GemmTile {
+  static constexpr bool kBf16X = W == GemvWeight::kW8A16;  // bf16 activation, A from registers
+  static_assert(W == GemvWeight::kFp8 || (kBf16X && NT <= 32), "the bf16-activation tiles: 8-32 tokens");
   static constexpr int kTokenGroups = NT == 128 ? 2 : 1;  // warpgroups along the tokens
   static constexpr int kThreads = 256 * kTokenGroups;
   static constexpr int kWgTokens = NT / kTokenGroups;     // the wgmma's N
   static constexpr int kCtasPerSm = NT <= 64 ? 2 : 1;
   static constexpr int kRingBudget = kCtasPerSm == 2 ? 98304 : 196608;
-  static constexpr int kBBytes = NT * 128;  // NT tokens of one 128-k block
+  static constexpr int kBBytes = NT * 128 * (kBf16X ? 2 : 1);  // NT tokens of one 128-k block
+  static constexpr int kXScales = kBf16X ? 0 : NT;  // activation scales per stage
   static constexpr int kStageBytes = kATileBytes + kBBytes;
   static constexpr int kStages = kRingBudget / kStageBytes < 8 ? kRingBudget / kStageBytes : 8;
   static constexpr int kAcc = kWgTokens / 2;  // fp32 accumulators per thread (m64n kWgTokens)
   static constexpr int kCopyRows = kThreads / 8;  // rows one pass of 16-byte copies covers
   // Ring, then the activation scales [stages][NT] and the weight scales [stages].
-  static constexpr size_t kSmemBytes = 1024 + size_t(kStages) * kStageBytes + size_t(kStages) * (NT + 1) * 4;
+  static constexpr size_t kSmemBytes = 1024 + size_t(kStages) * kStageBytes + size_t(kStages) * (kXScales + 1) * 4;
   static_assert(kStages >= 4, "three stages in flight");
   static_assert(NT * kCtStride * 4 <= kStages * kStageBytes, "the output tile reuses the ring");
   // The q-head tail (up to kGemvQHeadRows tokens) runs on 256 threads in the ring.
-  static constexpr bool kQHeadTail = NT <= kGemvQHeadRows;
-  static constexpr int kChains = NT <= 16 ? 4 : 1;  // promotions per 128-k block
+  static constexpr bool kQHeadTail = !kBf16X && NT <= kGemvQHeadRows;
+  // Independent accumulator chains per 128-k block: FP8 tiles of up to 16
+  // tokens promote every 32 k; bf16 ones of up to 16 alternate two chains of
+  // four wgmmas (half the dependent latency; 32 tokens have no registers for it).
+  static constexpr int kChains = NT <= 16 ? (kBf16X ? 2 : 4) : 1;
+  // kW8A16: 4-byte activation pairs per thread and stage (64 a token row).
+  static constexpr int kPairCopies = kBf16X ? NT * 64 / kThreads : 0;
+  static_assert(kPairCopies * kThreads == (kBf16X ? NT * 64 : 0), "whole token rows per pass");
   static_assert(!kQHeadTail || (kThreads == kQHeadThreads && sizeof(QHeadSmem) <= kStages * kStageBytes));
 };
 
 // Sums token row t's 128 columns over the cluster's S tiles (split order)
-// and writes them as bf16: thread `lane` of a 32-thread group takes columns
-// 4 lane .. 4 lane + 3.
+// and writes them as bf16 (and their FP8 quantization where kMayQuantize
+// and asked for): thread `lane` of a 32-thread group takes columns 4 lane ..
+// 4 lane + 3.
+template <bool kMayQuantize>
 __device__ __forceinline__ void write_row(const GemvArgs& a, uint32_t ct, int t, int lane, int splits, int cols) {
   const int c = 4 * lane;
   if (c >= cols) return;
@@ -108,12 +133,63 @@ __device__ __forceinline__ void write_row(const GemvArgs& a, uint32_t ct, int t,
   } else {
     for (int e = 0; e < 4 && c + e < cols; ++e) y[e] = b[e];
   }
+  // The host guarantees whole 128-column blocks here, so every lane of the
+  // warp is present for the block's amax.
+  if (kMayQuantize && a.quantize)
+    store_act_block(a.q, t, int(blockIdx.y), {bf16_round(v.x), bf16_round(v.y), bf16_round(v.z), bf16_round(v.w)});
 }
 
+// kW8A16: where 4-byte pair pp (0..63, k 2 pp, 2 pp + 1 of a 128-k block) of
+// token row n lands in the stage's activation tile. The tile is two 64-k
+// swizzle atoms [NT rows][128 bytes]; wgmma step j of atom h (32 bytes of a
+// row) holds in its pair slot P the pair 32 h + 8 (P % 4) + 2 j + P / 4,
+// because the thread with fragment column pair P % 4 decodes word j of its
+// 16-byte weight read (k 64 h + 16 (P % 4) ..) into the pairs (k, k + 1) for
+// P < 4 and (k + 2, k + 3) for P >= 4. Inverted: pair pp is slot
+// 8 j + P with chunk 2 j + P / 4 = pp % 8 and word P % 4 = pp / 8 % 4.
 template <int NT>
-__global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPerSm)
-    gemm_fp8_kernel(const __grid_constant__ GemvArgs a) {
-  using Tile = GemmTile<NT>;
+__device__ __forceinline__ uint32_t w8a16_pair_offset(int n, int pp) {
+  return uint32_t((pp >> 5) * NT * 128 + n * 128 + (((pp & 7) ^ (n & 7)) << 4) + (((pp >> 3) & 3) << 2));
+}
+
+// kW8A16: this thread's two weight rows of the stage (a_rows: row
+// 16 w + g of the warpgroup's 64, the other 8 rows on) decoded into the A
+// fragments of the block's eight k16 steps, then the chain of eight wgmmas
+// over the activation atoms (db0: atom 0 at the warpgroup's tokens).
+template <int WN, int NT, int C>
+__device__ __forceinline__ void w8a16_block(float (&part)[C][WN / 2], uint32_t a_rows, uint64_t db0, int g, int q) {
+  uint32_t raw[2][2][4];  // [atom h][row g, g + 8][word j]: k 64 h + 16 q + 4 j ..
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int v = 0; v < 2; ++v)
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(raw[h][v][0]), "=r"(raw[h][v][1]), "=r"(raw[h][v][2]), "=r"(raw[h][v][3])
+                   : "r"(a_rows + uint32_t(v * 8 * 128 + (((4 * h + q) ^ g) << 4))));
+  uint32_t af[8][4];  // step 4 h + j: pairs (k, k + 1) then (k + 2, k + 3) of word j, rows g and g + 8
+#pragma unroll
+  for (int st = 0; st < 8; ++st) {
+    // bytes (b0, b2, b1, b3): the even decoder then takes (b0, b1), the odd one (b2, b3)
+    const uint32_t t0 = __byte_perm(raw[st >> 2][0][st & 3], 0, 0x3120);
+    const uint32_t t1 = __byte_perm(raw[st >> 2][1][st & 3], 0, 0x3120);
+    af[st][0] = e4m3_even_bf16(t0), af[st][1] = e4m3_even_bf16(t1);
+    af[st][2] = e4m3_odd_bf16(t0), af[st][3] = e4m3_odd_bf16(t1);
+  }
+  wgmma_fence();  // the fragments are registers the wgmmas read
+  // Step st into chain st % C; + 32 bytes a step, + NT rows of 128 bytes an
+  // atom (descriptor units of 16).
+#pragma unroll
+  for (int st = 0; st < 8; ++st) {
+    const uint64_t db = db0 + uint64_t((st >> 2) * NT * 8 + 2 * (st & 3));
+    if (st < C) wgmma_bf16_rs<WN, 0>(part[st % C], af[st], db);
+    else wgmma_bf16_rs<WN, 1>(part[st % C], af[st], db);
+  }
+}
+
+template <int NT, GemvWeight W>
+__global__ void __launch_bounds__(GemmTile<NT, W>::kThreads, GemmTile<NT, W>::kCtasPerSm)
+    gemm_kernel(const __grid_constant__ GemvArgs a) {
+  using Tile = GemmTile<NT, W>;
   constexpr int D = Tile::kStages, R = Tile::kCopyRows;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // 1024-byte aligned (swizzle atoms) as an offset from smem_raw, so every
@@ -121,7 +197,7 @@ __global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPer
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   const uint32_t ring = smem_u32(smem);
   float* sx = reinterpret_cast<float*>(smem + D * Tile::kStageBytes);
-  float* sw = sx + D * NT;
+  float* sw = sx + D * Tile::kXScales;
 
   const int tid = threadIdx.x;
   const int splits = int(gridDim.x);
@@ -131,9 +207,10 @@ __global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPer
   const int64_t xcol0 = (row0 / a.group_rows) * a.k + kcol0;  // the activation's columns of this group
 
   // Thread tid copies 16-byte chunk cc of rows cr + R j (weight: j < 128 / R;
-  // tokens: j < NT / R, or rows cr < 16 for NT = 16), swizzled: chunk c of
-  // row r lands at chunk c ^ (r % 8). Rows past n or m read nothing and land
-  // as zeros; their sources stay at the thread's first row, clamped.
+  // FP8 tokens: j < NT / R, or rows cr < 16 for NT = 16), swizzled: chunk c
+  // of row r lands at chunk c ^ (r % 8). bf16 tokens: pair pp = tid % 64 of
+  // rows tid / 64 + (kThreads / 64) j (w8a16_pair_offset). Rows past n or m
+  // read nothing and land as zeros; their sources stay at a valid row.
   // Everything but the k offset is fixed per thread.
   constexpr int kWeightCopies = kGemvCtaRows / R, kTokenCopies = NT >= R ? NT / R : 1;
   const int cr = tid >> 3, cc = tid & 7;
@@ -148,7 +225,7 @@ __global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPer
   for (int j = 0; j < kTokenCopies; ++j) xvalid |= unsigned(cr + R * j < a.m && cr + R * j < NT) << j;
   const uint8_t* xsrc = static_cast<const uint8_t*>(a.x) + int64_t(cr < a.m ? cr : 0) * a.ldx + xcol0 + 16 * cc;
   const int64_t xstep = R * a.ldx;
-  const float* xscale = a.x_scales + (xcol0 / 128) * a.x_scale_ld + (tid < a.m ? tid : 0);
+  const float* xscale = Tile::kBf16X ? nullptr : a.x_scales + (xcol0 / 128) * a.x_scale_ld + (tid < a.m ? tid : 0);
   const float* wscale = a.w_scales + int64_t(blockIdx.y) * a.w_scale_ld + kcol0 / 128;
 
   const uint64_t policy = l2_evict_first_policy();
@@ -162,13 +239,25 @@ __global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPer
     if (tid == Tile::kThreads - 1) cp_async_4(smem_u32(sw + kb % D), wscale + kb, 4);
   };
   auto issue_tokens = [&](int kb, uint32_t slot) {
-    const uint8_t* src = xsrc + 128 * kb;
+    if constexpr (Tile::kBf16X) {
+      constexpr int kRowStep = Tile::kThreads / 64;
+      const int pp = tid & 63, n0 = tid >> 6;
+      const uint16_t* src = static_cast<const uint16_t*>(a.x) + xcol0 + 2 * pp + 128 * kb;
 #pragma unroll
-    for (int j = 0; j < kTokenCopies; ++j) {
-      const bool ok = (xvalid >> j) & 1;
-      if (NT >= R || cr < NT) cp_async_16(slot + kATileBytes + dst + R * 128 * j, ok ? src + j * xstep : src, ok ? 16 : 0);
+      for (int j = 0; j < Tile::kPairCopies; ++j) {
+        const int n = n0 + kRowStep * j;
+        const bool ok = n < a.m;
+        cp_async_4(slot + kATileBytes + w8a16_pair_offset<NT>(n, pp), src + (ok ? n : 0) * a.ldx, ok ? 4 : 0);
+      }
+    } else {
+      const uint8_t* src = xsrc + 128 * kb;
+#pragma unroll
+      for (int j = 0; j < kTokenCopies; ++j) {
+        const bool ok = (xvalid >> j) & 1;
+        if (NT >= R || cr < NT) cp_async_16(slot + kATileBytes + dst + R * 128 * j, ok ? src + j * xstep : src, ok ? 16 : 0);
+      }
+      if (tid < NT) cp_async_4(smem_u32(sx + (kb % D) * NT + tid), xscale + kb * a.x_scale_ld, tid < a.m ? 4 : 0);
     }
-    if (tid < NT) cp_async_4(smem_u32(sx + (kb % D) * NT + tid), xscale + kb * a.x_scale_ld, tid < a.m ? 4 : 0);
   };
 
   // The weights of the first D - 1 stages fly while the previous kernel
@@ -195,19 +284,26 @@ __global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPer
     fence_proxy_async();
     __syncthreads();  // everyone's, and every warpgroup is done with stage kb - 1
     const uint32_t slot = ring + uint32_t(slot_kb) * Tile::kStageBytes;
-    const uint64_t da = sw128_desc(slot + uint32_t(wg & 1) * 64 * 128, 16, 1024);
-    const uint64_t db = sw128_desc(slot + kATileBytes + uint32_t(tok0) * 128, 16, 1024);
-    wgmma_fence();
-    // + 32 bytes of k per step (descriptor units of 16); with C = 4 each step is its own chain
-    wgmma_e4m3_ss<WN, 0>(part[0], da, db);
-    if constexpr (C == 4) {
-      wgmma_e4m3_ss<WN, 0>(part[1], da + 2, db + 2);
-      wgmma_e4m3_ss<WN, 0>(part[2], da + 4, db + 4);
-      wgmma_e4m3_ss<WN, 0>(part[3], da + 6, db + 6);
+    const uint32_t b_tile = slot + kATileBytes + uint32_t(tok0) * 128;
+    if constexpr (Tile::kBf16X) {
+      const int lane = tid & 31;
+      const uint32_t a_rows = slot + uint32_t(64 * (wg & 1) + 16 * ((tid >> 5) & 3) + (lane >> 2)) * 128;
+      w8a16_block<WN, NT, C>(part, a_rows, sw128_desc(b_tile, 16, 1024), lane >> 2, q);
     } else {
-      wgmma_e4m3_ss<WN, 1>(part[0], da + 2, db + 2);
-      wgmma_e4m3_ss<WN, 1>(part[0], da + 4, db + 4);
-      wgmma_e4m3_ss<WN, 1>(part[0], da + 6, db + 6);
+      const uint64_t da = sw128_desc(slot + uint32_t(wg & 1) * 64 * 128, 16, 1024);
+      const uint64_t db = sw128_desc(b_tile, 16, 1024);
+      wgmma_fence();
+      // + 32 bytes of k per step (descriptor units of 16); with C = 4 each step is its own chain
+      wgmma_e4m3_ss<WN, 0>(part[0], da, db);
+      if constexpr (C == 4) {
+        wgmma_e4m3_ss<WN, 0>(part[1], da + 2, db + 2);
+        wgmma_e4m3_ss<WN, 0>(part[2], da + 4, db + 4);
+        wgmma_e4m3_ss<WN, 0>(part[3], da + 6, db + 6);
+      } else {
+        wgmma_e4m3_ss<WN, 1>(part[0], da + 2, db + 2);
+        wgmma_e4m3_ss<WN, 1>(part[0], da + 4, db + 4);
+        wgmma_e4m3_ss<WN, 1>(part[0], da + 6, db + 6);
+      }
     }
     wgmma_commit();
     if (kb + D - 1 < kbc) {  // into stage kb - 1's slot while the MMAs run
@@ -220,11 +316,14 @@ __global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPer
 #pragma unroll
     for (int j = 0; j < C; ++j) fence_regs(part[j]);
     const float swk = sw[slot_kb];
-    const float* sxk = sx + slot_kb * NT + tok0;
+    const float* sxk = sx + slot_kb * Tile::kXScales + tok0;
 #pragma unroll
     for (int i = 0; i < WN / 8; ++i) {
-      const float2 s = *reinterpret_cast<const float2*>(sxk + 8 * i + 2 * q);
-      const float s0 = s.x * swk, s1 = s.y * swk;
+      float s0 = swk, s1 = swk;  // bf16 activations carry no scale
+      if constexpr (!Tile::kBf16X) {
+        const float2 s = *reinterpret_cast<const float2*>(sxk + 8 * i + 2 * q);
+        s0 = s.x * swk, s1 = s.y * swk;
+      }
 #pragma unroll
       for (int j = 0; j < C; ++j) {  // in k order
         acc[4 * i + 0] = fmaf(part[j][4 * i + 0], s0, acc[4 * i + 0]);
@@ -256,88 +355,113 @@ __global__ void __launch_bounds__(GemmTile<NT>::kThreads, GemmTile<NT>::kCtasPer
   else __syncthreads();
   const int cols = int(a.n - row0 < kGemvCtaRows ? a.n - row0 : kGemvCtaRows);
   for (int t = int(blockIdx.x) + splits * (tid >> 5); t < a.m; t += splits * (Tile::kThreads / 32))
-    write_row(a, ring, t, tid & 31, splits, cols);
+    write_row<Tile::kBf16X>(a, ring, t, tid & 31, splits, cols);
   if (splits > 1) cluster_sync();  // no CTA leaves while another reads its tile
   if constexpr (Tile::kQHeadTail)
     if (a.q_head.counters != nullptr) q_head_tail(a, int(blockIdx.y), unsigned(512 / kGemvCtaRows * splits), smem);
 }
 
-template <int NT>
+template <int NT, GemvWeight W>
 void gemm_launch_nt(const GemvArgs& a, cudaStream_t stream) {
+  using Tile = GemmTile<NT, W>;
   const dim3 grid(unsigned(a.splits), unsigned((a.n + kGemvCtaRows - 1) / kGemvCtaRows));
-  pdl_launch_clustered(gemm_fp8_kernel<NT>, grid, GemmTile<NT>::kThreads, GemmTile<NT>::kSmemBytes, stream, a.splits,
-                       a);
+  pdl_launch_clustered(gemm_kernel<NT, W>, grid, Tile::kThreads, Tile::kSmemBytes, stream, a.splits, a);
 }
 
 // Clusters of 1, 2, 4 and 8 CTAs each tile size's kernel can hold resident
-// at once ([tile 8..128][log2 splits]; gemm_configure). A cluster's CTAs
-// must share a GPC, so this can be fewer than the CTA slots divided by the
-// cluster size: wo_b's 32 clusters of 8 took 14.1 us at one row where 4
-// splits took 11.4 (docs/perf-notes.md, run T1).
-int g_max_clusters[5][4] = {};
+// at once ([FP8, W8A16][tile 8..128][log2 splits]; gemm_configure). A
+// cluster's CTAs must share a GPC, so this can be fewer than the CTA slots
+// divided by the cluster size: wo_b's 32 clusters of 8 took 14.1 us at one
+// row where 4 splits took 11.4 (docs/perf-notes.md, run T1).
+int g_max_clusters[2][5][4] = {};
 
 // The tile of m tokens: 8, 16, 32, 64, 128 tokens as 0 .. 4.
 int tile_index(int m) { return m <= 8 ? 0 : m <= 16 ? 1 : m <= 32 ? 2 : m <= 64 ? 3 : 4; }
+int kind_index(GemvWeight w) { return w == GemvWeight::kW8A16 ? 1 : 0; }
 
-template <int NT>
+template <int NT, GemvWeight W>
 cudaError_t gemm_configure_nt() {
-  cudaError_t e = cudaFuncSetAttribute(gemm_fp8_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(GemmTile<NT>::kSmemBytes));
+  using Tile = GemmTile<NT, W>;
+  cudaError_t e =
+      cudaFuncSetAttribute(gemm_kernel<NT, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmemBytes));
   for (int i = 0; i < 4 && e == cudaSuccess; ++i) {
     cudaLaunchAttribute attr = cluster_attribute(1 << i);
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(1u << i, 1, 1);
-    cfg.blockDim = dim3(GemmTile<NT>::kThreads, 1, 1);
-    cfg.dynamicSmemBytes = GemmTile<NT>::kSmemBytes;
+    cfg.blockDim = dim3(Tile::kThreads, 1, 1);
+    cfg.dynamicSmemBytes = Tile::kSmemBytes;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    e = cudaOccupancyMaxActiveClusters(&g_max_clusters[tile_index(NT)][i], gemm_fp8_kernel<NT>, &cfg);
+    e = cudaOccupancyMaxActiveClusters(&g_max_clusters[kind_index(W)][tile_index(NT)][i], gemm_kernel<NT, W>, &cfg);
   }
   return e;
+}
+
+template <GemvWeight W>
+void gemm_launch_kind(const GemvArgs& a, cudaStream_t stream) {
+  switch (gemm_tile_rows(a.m)) {
+    case 8: gemm_launch_nt<8, W>(a, stream); break;
+    case 16: gemm_launch_nt<16, W>(a, stream); break;
+    case 32: gemm_launch_nt<32, W>(a, stream); break;
+    default:
+      if constexpr (W == GemvWeight::kFp8) {
+        if (a.m <= 64) gemm_launch_nt<64, W>(a, stream);
+        else gemm_launch_nt<128, W>(a, stream);
+      }
+  }
 }
 
 }  // namespace
 
 int gemm_tile_rows(int m) { return 8 << tile_index(m); }
 
+int gemm_max_rows(GemvWeight kind) { return kind == GemvWeight::kW8A16 ? kGemmW8A16MaxRows : kGemmMaxRows; }
+
 // The most splits (1, 2, 4 or 8: one cluster) dividing the k blocks that
 // keep the grid in one wave (every row block's cluster resident at once)
-// and leave each CTA at least 4 k blocks to pipeline.
-int gemm_choose_splits(int64_t n, int64_t k, int m, int forced) {
+// and leave each CTA at least 4 k blocks to pipeline. FP8 x bf16 tiles
+// instead take as many CTAs as two per SM hold, resident clusters or not:
+// their decode and dependent wgmmas make one CTA's k blocks slow, and a
+// second CTA on the SM hides them (docs/perf-notes.md, runs Y1-Y2).
+int gemm_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int forced) {
   const int64_t kb = k / 128, nrb = (n + kGemvCtaRows - 1) / kGemvCtaRows;
   if (forced > 0 && forced <= kGemmMaxSplits && kb % forced == 0) return forced;
   gemv_prepare();  // fills g_max_clusters
-  const int* clusters = g_max_clusters[tile_index(m)];
+  const int* clusters = g_max_clusters[kind_index(kind)][tile_index(m)];
+  const bool fill_sms = kind == GemvWeight::kW8A16;
   int s = 1;
   for (int i = 1, d = 2; d <= kGemmMaxSplits; ++i, d *= 2)
-    if (kb % d == 0 && kb / d >= 4 && nrb <= clusters[i]) s = d;
+    if (kb % d == 0 && kb / d >= 4 && (fill_sms ? nrb * d <= 2 * device_sm_count() : nrb <= clusters[i])) s = d;
   return s;
 }
 
 cudaError_t gemm_configure() {
-  cudaError_t e = gemm_configure_nt<8>();
-  if (e == cudaSuccess) e = gemm_configure_nt<16>();
-  if (e == cudaSuccess) e = gemm_configure_nt<32>();
-  if (e == cudaSuccess) e = gemm_configure_nt<64>();
-  if (e == cudaSuccess) e = gemm_configure_nt<128>();
+  constexpr GemvWeight F = GemvWeight::kFp8, H = GemvWeight::kW8A16;
+  cudaError_t e = gemm_configure_nt<8, F>();
+  if (e == cudaSuccess) e = gemm_configure_nt<16, F>();
+  if (e == cudaSuccess) e = gemm_configure_nt<32, F>();
+  if (e == cudaSuccess) e = gemm_configure_nt<64, F>();
+  if (e == cudaSuccess) e = gemm_configure_nt<128, F>();
+  if (e == cudaSuccess) e = gemm_configure_nt<8, H>();
+  if (e == cudaSuccess) e = gemm_configure_nt<16, H>();
+  if (e == cudaSuccess) e = gemm_configure_nt<32, H>();
   return e;
 }
 
 void gemm_launch(const GemvArgs& a, CUstream_st* stream) {
   gemv_prepare();  // configures this kernel too
-  DSV4_REQUIRE(a.kind == GemvWeight::kFp8 && !a.y_f32 && !a.quantize && a.m >= 1 && a.m <= kGemmMaxRows &&
+  const bool fp8 = a.kind == GemvWeight::kFp8;
+  DSV4_REQUIRE((fp8 || a.kind == GemvWeight::kW8A16) && !a.y_f32 && a.m >= 1 && a.m <= gemm_max_rows(a.kind) &&
                    a.splits >= 1 && a.splits <= kGemmMaxSplits && (a.k / 128) % a.splits == 0,
-               "linear (cuda): the FP8 GEMM takes FP8 products of 1-128 rows to bf16, split 1-8 ways");
-  DSV4_REQUIRE(a.q_head.counters == nullptr || (a.m <= kGemvQHeadRows && a.n % 512 == 0),
+               "linear (cuda): the wgmma GEMM takes FP8 products of 1-128 rows and FP8 x bf16 ones of 1-32 to "
+               "bf16, split 1-8 ways");
+  DSV4_REQUIRE(!a.quantize || (!fp8 && a.n % kGemvCtaRows == 0),
+               "linear (cuda): the wgmma GEMM quantizes only FP8 x bf16 outputs of whole 128-column blocks");
+  DSV4_REQUIRE(a.q_head.counters == nullptr || (fp8 && a.m <= kGemvQHeadRows && a.n % 512 == 0),
                "linear (cuda): the FP8 GEMM's q-head tail takes whole heads of up to 8 rows");
-  switch (gemm_tile_rows(a.m)) {
-    case 8: gemm_launch_nt<8>(a, stream); break;
-    case 16: gemm_launch_nt<16>(a, stream); break;
-    case 32: gemm_launch_nt<32>(a, stream); break;
-    case 64: gemm_launch_nt<64>(a, stream); break;
-    default: gemm_launch_nt<128>(a, stream); break;
-  }
-  check_cuda(cudaGetLastError(), "FP8 GEMM launch");
+  if (fp8) gemm_launch_kind<GemvWeight::kFp8>(a, stream);
+  else gemm_launch_kind<GemvWeight::kW8A16>(a, stream);
+  check_cuda(cudaGetLastError(), "wgmma GEMM launch");
 }
 
 }  // namespace dsv4::cuda::detail

@@ -71,8 +71,8 @@ bool wants_gemm(const LinearOptions& opt, int m);
 // counters are filled here) in launches of up to kGemvMaxRows rows, each
 // with its own split of k; records them in route.
 void run_gemv(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream, LinearRoute& route);
-// Runs the FP8 GEMM over rows [0, m) of `a` in launches of up to
-// kGemmMaxRows rows, each with its own split of k; records them in route.
+// Runs the wgmma GEMM over rows [0, m) of `a` in launches of up to
+// gemm_max_rows(a.kind) rows, each with its own split of k; records them in route.
 // It needs no workspace (split-K sums stay in the cluster's shared memory).
 void run_gemm(GemvArgs a, int m, CUstream_st* stream, LinearRoute& route);
 // Workspace the own kernel needs for calls of up to max_m rows.

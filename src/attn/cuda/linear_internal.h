@@ -76,16 +76,19 @@ void gemv_prepare();
 // Launches one small-M kernel (m <= kGemvMaxRows); throws Error on a launch error.
 void gemv_launch(const GemvArgs& a, CUstream_st* stream);
 
-// The FP8 linears' wgmma GEMM (linear_gemm.cu): the same arguments (kind
-// kFp8, bf16 y, no quantize, a q-head tail only up to kGemvQHeadRows rows;
-// partials and counters unused), 1 .. kGemmMaxRows activation rows per launch.
+// The wgmma GEMM (linear_gemm.cu): the same arguments (kind kFp8, bf16 y,
+// no quantize, a q-head tail only up to kGemvQHeadRows rows; or kind kW8A16,
+// bf16 y and optionally its quantization, no tail; partials and counters
+// unused), 1 .. gemm_max_rows(kind) activation rows per launch.
 inline constexpr int kGemmMaxRows = 128;
+inline constexpr int kGemmW8A16MaxRows = 32;
+int gemm_max_rows(GemvWeight kind);
 // Tokens per wgmma tile: 8, 16, 32, 64 or 128 (>= m).
 int gemm_tile_rows(int m);
 // Split of k (1, 2, 4 or 8 CTAs of a cluster, as many as keep one wave on
 // the current device); forced when it is one of those and divides k / 128.
-int gemm_choose_splits(int64_t n, int64_t k, int m, int forced = 0);
-// Launches one GEMM (m <= kGemmMaxRows); throws Error on a launch error.
+int gemm_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int forced = 0);
+// Launches one GEMM (m <= gemm_max_rows(a.kind)); throws Error on a launch error.
 void gemm_launch(const GemvArgs& a, CUstream_st* stream);
 
 // bf16 [rows, cols] (row stride ldx elements) -> out (rows, cols from out).

@@ -143,9 +143,10 @@ void run_gemv(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream,
 }
 
 void run_gemm(GemvArgs a, int m, CUstream_st* stream, LinearRoute& route) {
-  for (int r0 = 0; r0 < m; r0 += kGemmMaxRows) {
-    GemvArgs c = row_slice(a, r0, std::min(kGemmMaxRows, m - r0));
-    c.splits = gemm_choose_splits(a.n, a.k, c.m, a.forced_splits);
+  const int rows = gemm_max_rows(a.kind);
+  for (int r0 = 0; r0 < m; r0 += rows) {
+    GemvArgs c = row_slice(a, r0, std::min(rows, m - r0));
+    c.splits = gemm_choose_splits(a.kind, a.n, a.k, c.m, a.forced_splits);
     gemm_launch(c, stream);
     route.gemm_rows += c.m;
     route.kernel_launches += 1;

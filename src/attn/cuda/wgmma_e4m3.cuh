@@ -6,6 +6,11 @@
 // indexer_mma.cuh. Accumulator layout (warp w of the warpgroup, lane 4 g + q):
 // d[4 i + 2 v + c] is row 16 w + g + 8 v, column 8 i + 2 q + c.
 // Defined for N = 8, 16, 32, 64, 128.
+//
+// Also wgmma m64nNk16 with bf16 A in registers (a[0..3]: the fragment of
+// mma.m16n8k16 per warp, warp w holding rows 16 w ..) and bf16 B K-major in
+// shared memory: the FP8-weight x bf16 GEMM (linear_gemm.cu) decodes its
+// weight into A. Defined for N = 8, 16, 32.
 #include <cstdint>
 
 namespace dsv4::cuda {
@@ -43,6 +48,28 @@ DSV4_E4M3_SS(32, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %1
 DSV4_E4M3_SS(64, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31", "%32, %33", DSV4_E4M3_D32)
 DSV4_E4M3_SS(128, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63", "%64, %65", DSV4_E4M3_D64)
 
+// The specialization <N, S> of the bf16 product with A in registers: `aregs`
+// the four A operands and the B descriptor after the accumulators.
+template <int N, int kScaleD>
+__device__ __forceinline__ void wgmma_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db);
+#define DSV4_BF16_RS_ONE(N, S, con, regs, aregs, dn)                                                              \
+  template <>                                                                                                     \
+  __device__ __forceinline__ void wgmma_bf16_rs<N, S>(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db) {  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " #S ", 0;\n"                                                 \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" regs "}, " aregs ", p, 1, 1, 0;\n}\n" \
+                 : dn(con, 0)                                                                                     \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));                                          \
+  }
+#define DSV4_BF16_RS(N, regs, aregs, dn)                  \
+  DSV4_BF16_RS_ONE(N, 0, DSV4_E4M3_OUT, regs, aregs, dn) \
+  DSV4_BF16_RS_ONE(N, 1, DSV4_E4M3_INOUT, regs, aregs, dn)
+
+DSV4_BF16_RS(8, "%0, %1, %2, %3", "{%4, %5, %6, %7}, %8", DSV4_E4M3_D4)
+DSV4_BF16_RS(16, "%0, %1, %2, %3, %4, %5, %6, %7", "{%8, %9, %10, %11}, %12", DSV4_E4M3_D8)
+DSV4_BF16_RS(32, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15", "{%16, %17, %18, %19}, %20", DSV4_E4M3_D16)
+
+#undef DSV4_BF16_RS
+#undef DSV4_BF16_RS_ONE
 #undef DSV4_E4M3_SS
 #undef DSV4_E4M3_ONE
 #undef DSV4_E4M3_INOUT

@@ -37,6 +37,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -637,7 +638,7 @@ TEST_F(LinearCudaTest, Fp8GemmFromTakesItsRows) {
 // the CPU twin (per group, bf16 product; FP8 product for fp8_input), the FP8
 // output against the CPU quantizer applied to the GPU's y.
 void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, const std::vector<int>& ms,
-                 uint64_t seed) {
+                 uint64_t seed, int splits = 0, bool gemm_only = false) {
   std::mt19937_64 rng(seed);
   const WeightMatrix wm = random_fp8("wo_a", groups * n_g, k_g, rng);
   W8A16GroupedLinear gpu(wm, groups);
@@ -665,7 +666,9 @@ void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, 
                               {"cublas", LinearPath::kCublas, false},
                               {"fp8_input own", LinearPath::kSmallM, true},
                               {"fp8_input cublas", LinearPath::kCublas, true},
-                              {"fp8_input gemm", LinearPath::kGemm, true}};
+                              {"fp8_input gemm", LinearPath::kGemm, true},
+                              {"gemm", LinearPath::kGemm, false}};
+  const std::span<const Variant> run = gemm_only ? std::span<const Variant>(variants).last(1) : variants;
   for (int m : ms) {
     const std::string at = name + " m=" + std::to_string(m);
     const std::vector<float> x = random_activation(m, kin, rng);
@@ -687,12 +690,13 @@ void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, 
     }
     std::vector<float> own_y;
     LinearRoute own_route;
-    for (const Variant& v : variants) {
+    for (const Variant& v : run) {
       W8A16Options opts;
       opts.path = v.path;
       opts.fp8_input = v.fp8_input;
+      opts.splits = splits;
       gpu.set_options(opts);
-      const std::string label = at + " " + v.label;
+      const std::string label = at + " " + v.label + (splits ? " splits " + std::to_string(splits) : "");
       std::vector<std::vector<uint16_t>> runs;
       std::vector<uint8_t> q;
       std::vector<float> qs;
@@ -721,6 +725,9 @@ void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, 
         expect_close(label + " vs CPU twin", g, ldy, ycpu, nout, s, m, nout, 0x1p-8, 0x1p-8, sum_bounds(e, e));
       }
       expect_quantized(label + " FP8 output", g, ldy, m, nout, q, qd.ld, qs, qd.scale_ld);
+      if (splits > 0 && v.path == LinearPath::kGemm) EXPECT_EQ(route.splits, splits) << label;
+      if (v.path == LinearPath::kGemm && !v.fp8_input)
+        EXPECT_FALSE(route.quantize_kernel) << label << ": the quantization should be fused";
       if (v.path == LinearPath::kSmallM && !v.fp8_input) {
         EXPECT_FALSE(route.quantize_kernel) << label << ": the quantization should be fused";
         own_y = g, own_route = route;
@@ -834,6 +841,17 @@ TEST_F(LinearCudaTest, SmallPresetShapes) {
   }
   check_w8a16("small wo_a 4x[256,2048]", 4, 256, 2048, ms, 45);
 }
+
+// The wgmma GEMM's split of k over a cluster (and the small-M kernel's,
+// forced the same): 16 k blocks a group, so 1, 2, 4 and 8 splits all apply.
+TEST_F(LinearCudaTest, W8A16EverySplitOfK) {
+  for (int splits : {1, 2, 4, 8})
+    check_w8a16("wo_a 2x[256,2048]", 2, 256, 2048, {1, 5, 8, 16, 32}, 34 + uint64_t(splits), splits);
+}
+
+// The FP8 x bf16 GEMM alone (no cuBLASLt call in the process: racecheck
+// stops on one of cuBLASLt's kernels, docs/perf-notes.md run Y3), split 2.
+TEST_F(LinearCudaTest, W8A16GemmAlone) { check_w8a16("wo_a 2x[256,2048]", 2, 256, 2048, {1, 16, 32}, 40, 2, true); }
 
 TEST_F(LinearCudaTest, W8A16FlashShape) { check_w8a16("wo_a 8x[1024,4096]", 8, 1024, 4096, {1, 8, 64, 512}, 33); }
 
@@ -1001,12 +1019,12 @@ TEST_F(LinearCudaTest, SubnormalCodesAreExact) {
       reference(x.data() + g * k, kin, m, wf.data() + g * n_g * k, awf.data() + g * n_g * k, n_g, k, c.data() + g * n_g,
                 s.data() + g * n_g, nout);
     DeviceArray<uint16_t> xd(to_bf16(x));
-    for (LinearPath path : {LinearPath::kSmallM, LinearPath::kCublas}) {
+    for (LinearPath path : {LinearPath::kSmallM, LinearPath::kCublas, LinearPath::kGemm}) {
       gpu.set_options({{path, 32}});
       DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m * nout), kPoison16));
       gpu.forward(xd.get(), kin, m, y.get(), nout, nullptr, ws, nullptr);
       sync();
-      const std::string label = std::string("subnormal w8a16 ") + (path == LinearPath::kCublas ? "cublas" : "own");
+      const std::string label = std::string("subnormal w8a16") + path_name(path);
       expect_close(label, bf16_values(y.download()), nout, c, nout, s, m, nout, 0x1p-8, 0.0,
                    row_bounds(gpu.last_route(), m, kECublasBf16));
     }
