@@ -2,8 +2,8 @@
 // at M in {1, 2, 4, 8, 16, 32, 64, 128, 512, 4096}: the automatic path
 // ("ours": own kernel up to small_m_max rows, cuBLASLt above) next to
 // cuBLASLt alone measured in the same run (block-scaled FP8 for the FP8
-// linears, bf16 for wo_a and the bf16 stack), the own FP8 wgmma GEMM alone
-// (LinearPath::kGemm, FP8 products only) with its split of k, the weight bytes, the roofline
+// linears, bf16 for wo_a and the bf16 stack), the own wgmma GEMM alone
+// (LinearPath::kGemm: FP8 products and wo_a) with its split of k, the weight bytes, the roofline
 // time (max of bytes / 4.3 TB/s and FLOPs / peak: 1,270 TFLOP/s FP8, 790
 // bf16) and ours / roofline.
 //
