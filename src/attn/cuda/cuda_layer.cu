@@ -138,7 +138,7 @@ LinearOptions cublas_from(LinearOptions o, int rows) {
 // against 3.57 ms) until its weight copies took the L2 evict-first policy:
 // then 3.29-3.32 ms, and 3.38-3.54 at 2-4 rows (3.64-3.87 on the small-M
 // kernel). wo_a (FP8 weight x bf16 activation) takes it only at 16-32 rows:
-// there its steps were 2% faster; at 1-8 rows its decode into bf16
+// there its steps were 2-4% faster; at 1-8 rows its decode into bf16
 // fragments makes it slower than the small-M kernel (batch 1: 3.40 against
 // 3.19 ms; docs/perf-notes.md, runs Y1-Y2). Options that set gemm_from
 // themselves keep theirs.

@@ -51,10 +51,11 @@
 // holds 16 consecutive k of which each wgmma step takes four, so the k order
 // inside a 128-k block is permuted; the MMA only needs A and B to agree, and
 // the activation's 4-byte pairs are copied into the permuted places
-// (w8a16_pair_offset). Each 128-k block is one chain of eight m64nNk16
-// wgmmas, scaled by sw(kb) into the running sums (bf16 products are exact and
-// their sums fp32); the output tile can also be quantized to FP8 in the
-// cluster's write (wo_b's input), as the small-M kernel does.
+// (w8a16_pair_offset). Each 128-k block is eight m64nNk16 wgmmas (two
+// alternating chains up to 16 tokens, one at 32), scaled by sw(kb) into the
+// running sums (bf16 products are exact and their sums fp32); the output
+// tile can also be quantized to FP8 in the cluster's write (wo_b's input),
+// as the small-M kernel does.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -97,7 +98,8 @@ struct GemmTile {
   static constexpr bool kQHeadTail = !kBf16X && NT <= kGemvQHeadRows;
   // Independent accumulator chains per 128-k block: FP8 tiles of up to 16
   // tokens promote every 32 k; bf16 ones of up to 16 alternate two chains of
-  // four wgmmas (half the dependent latency; 32 tokens have no registers for it).
+  // four wgmmas (half the dependent latency; 32 tokens keep one: 120 of
+  // their 128 registers are taken with it).
   static constexpr int kChains = NT <= 16 ? (kBf16X ? 2 : 4) : 1;
   // kW8A16: 4-byte activation pairs per thread and stage (64 a token row).
   static constexpr int kPairCopies = kBf16X ? NT * 64 / kThreads : 0;
