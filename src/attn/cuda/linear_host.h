@@ -57,6 +57,11 @@ inline bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t
 // 16-byte aligned operand with rows of at least `cols` elements.
 void check_bf16_input(const std::string& who, const void* x, int64_t ldx, int64_t cols);
 
+// Throws Error naming `who` unless `out` (rows >= 1) can take an FP8
+// activation: data and scales present and 4-byte aligned, whole 128-column
+// blocks, strides covering the columns and the rows.
+void check_act_out(const Fp8ActOut& out, const std::string& who);
+
 // Enqueues a product of bf16 operands through the plan cached for p and
 // records it in route; false (route.note says why) when cuBLASLt does not
 // support p: the caller then runs the own kernel.

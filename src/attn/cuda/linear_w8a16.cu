@@ -101,21 +101,15 @@ void W8A16GroupedLinear::forward(const uint16_t* x, int64_t ldx, int m, uint16_t
   DSV4_REQUIRE(y != nullptr && detail::aligned(y, 2), who + ": output is null or misaligned");
   DSV4_REQUIRE(ldy >= im.out_cols(), who + ": output row stride smaller than the output columns");
   if (y_fp8) {
-    const Fp8ActOut& q = *y_fp8;
-    DSV4_REQUIRE(q.rows == m && q.cols == im.out_cols(), who + ": the FP8 output must be [m, G * N_g]");
-    DSV4_REQUIRE(q.cols % kActBlock == 0, who + ": the FP8 output needs a multiple of 128 columns, not " +
-                                              std::to_string(q.cols));
-    DSV4_REQUIRE(q.data != nullptr && q.scales != nullptr, who + ": FP8 output data or scales are null");
-    DSV4_REQUIRE(q.ld >= q.cols && q.ld % 4 == 0 && detail::aligned(q.data, 4),
-            who + ": FP8 output row stride must cover the columns and be 4-byte aligned");
-    DSV4_REQUIRE(q.scale_ld >= q.rows && detail::aligned(q.scales, 4), who + ": FP8 output scale_ld smaller than rows");
+    DSV4_REQUIRE(y_fp8->rows == m && y_fp8->cols == im.out_cols(), who + ": the FP8 output must be [m, G * N_g]");
+    detail::check_act_out(*y_fp8, who);
   }
   ws.check_covers(needs(m), who);
 
+  const bool gemm = detail::wants_gemm(im.options, m);
   if (im.options.fp8_input) {
     im.run_fp8_input(x, ldx, m, y, ldy, ws, stream);
-  } else if (detail::wants_gemm(im.options, m) ||
-             !(detail::wants_cublas(im.options, m) && im.run_cublas(x, ldx, m, y, ldy, ws, stream))) {
+  } else if (gemm || !(detail::wants_cublas(im.options, m) && im.run_cublas(x, ldx, m, y, ldy, ws, stream))) {
     detail::GemvArgs a;
     a.kind = detail::GemvWeight::kW8A16;
     a.w = im.w.codes(), a.w_scales = im.w.block_scales(), a.w_scale_ld = im.w.scale_ld;
@@ -124,7 +118,7 @@ void W8A16GroupedLinear::forward(const uint16_t* x, int64_t ldx, int m, uint16_t
     a.y = y, a.ldy = ldy;
     if (y_fp8) a.q = *y_fp8, a.quantize = true;
     a.forced_splits = im.options.splits;
-    if (detail::wants_gemm(im.options, m)) detail::run_gemm(a, m, stream, im.route);
+    if (gemm) detail::run_gemm(a, m, stream, im.route);
     else detail::run_gemv(a, m, ws, stream, im.route);
     return;
   }

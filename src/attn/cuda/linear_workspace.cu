@@ -75,16 +75,22 @@ void quantize_act(const uint16_t* x, int64_t ldx, const Fp8ActOut& out, CUstream
   DSV4_REQUIRE(out.rows >= 0, who + ": negative row count");
   if (out.rows == 0) return;
   DSV4_REQUIRE(x != nullptr && detail::aligned(x, 2), who + ": input is null or misaligned");
-  DSV4_REQUIRE(out.data != nullptr && out.scales != nullptr, who + ": output data or scales are null");
-  DSV4_REQUIRE(out.cols > 0 && out.cols % kActBlock == 0, who + ": columns must be a positive multiple of 128");
+  detail::check_act_out(out, who);
   DSV4_REQUIRE(ldx >= out.cols, who + ": input row stride smaller than the columns");
-  DSV4_REQUIRE(out.ld >= out.cols && out.ld % 4 == 0 && detail::aligned(out.data, 4),
-          who + ": output row stride must cover the columns and be 4-byte aligned");
-  DSV4_REQUIRE(out.scale_ld >= out.rows && detail::aligned(out.scales, 4), who + ": output scale_ld smaller than rows");
   detail::launch_quantize_bf16(x, ldx, out, stream);
 }
 
 namespace detail {
+
+void check_act_out(const Fp8ActOut& out, const std::string& who) {
+  DSV4_REQUIRE(out.data != nullptr && out.scales != nullptr, who + ": FP8 output data or scales are null");
+  DSV4_REQUIRE(out.cols > 0 && out.cols % kActBlock == 0,
+               who + ": the FP8 output needs a positive multiple of 128 columns, not " + std::to_string(out.cols));
+  DSV4_REQUIRE(out.ld >= out.cols && out.ld % 4 == 0 && aligned(out.data, 4),
+               who + ": FP8 output row stride must cover the columns and be 4-byte aligned");
+  DSV4_REQUIRE(out.scale_ld >= out.rows && aligned(out.scales, 4),
+               who + ": FP8 output scales must be 4-byte aligned with scale_ld covering the rows");
+}
 
 LinearNeeds max_needs(const LinearNeeds& a, const LinearNeeds& b) {
   LinearNeeds r;

@@ -1108,6 +1108,11 @@ TEST_F(LinearCudaTest, BadShapesThrowBeforeLaunching) {
   const Fp8ActOut wrong_q = act_384.out();
   expect_error([&] { wo_a.forward(xin.get(), 520, 8, y.get(), 256, &wrong_q, ws, nullptr); }, "FP8 output");
   expect_error([&] { wo_a.forward(xin.get(), 520, 40, y.get(), 256, nullptr, ws, nullptr); }, "max_m");
+  W8A16GroupedLinear wo_a_200(w8_odd_rows, 1);  // 200 output columns: no whole blocks to quantize
+  Fp8ActOut q_200 = a;
+  q_200.cols = 200;
+  expect_error([&] { wo_a_200.forward(xin.get(), 520, 8, y.get(), 256, &q_200, ws, nullptr); },
+               "multiple of 128 columns");
   // Bf16Linear::forward.
   expect_error([&] { bf16.forward(xin.get(), 128, 8, yf.get(), 256, ws, nullptr); }, "row stride");
   expect_error([&] { bf16.forward(xin.get(), 264, 8, nullptr, 256, ws, nullptr); }, "null");
