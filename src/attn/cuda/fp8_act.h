@@ -15,6 +15,7 @@
 // should use scale_ld = rows of the call. Any other scale_ld works but costs
 // the linear one small repack kernel on its cuBLASLt path.
 #include <cstdint>
+#include <string>
 
 namespace dsv4::cuda {
 
@@ -35,5 +36,12 @@ struct Fp8ActOut {
   int64_t ld = 0, scale_ld = 0;
   operator Fp8Act() const { return Fp8Act{data, scales, rows, cols, ld, scale_ld}; }
 };
+
+// Throws Error naming `what` unless `o` can take an FP8 activation of `rows`
+// (>= 1) rows and `cols` columns written with 4-byte stores: data and scales
+// present and 4-byte aligned, exactly `cols` columns in whole 128-column
+// blocks, at least `rows` rows, strides covering both (linear_workspace.cu).
+// Every op that writes an FP8 activation checks its output with it.
+void check_fp8_out(const Fp8ActOut& o, int rows, int cols, const std::string& what);
 
 }  // namespace dsv4::cuda

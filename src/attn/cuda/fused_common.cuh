@@ -86,18 +86,6 @@ inline void cuda_check(cudaError_t e, const std::string& what) {
 
 inline bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
-// An FP8 activation output of rows x cols written with 4-byte stores.
-inline void check_fp8_out(const Fp8ActOut& o, int rows, int cols, const std::string& what) {
-  DSV4_REQUIRE(o.data && o.scales, what + ": FP8 output without data or scales");
-  DSV4_REQUIRE(o.cols == cols, what + ": FP8 output has " + std::to_string(o.cols) + " columns, expected " +
-                              std::to_string(cols));
-  DSV4_REQUIRE(o.rows >= rows, what + ": FP8 output has " + std::to_string(o.rows) + " rows, fewer than " +
-                              std::to_string(rows));
-  DSV4_REQUIRE(o.ld >= cols && o.ld % 4 == 0, what + ": FP8 output row stride must be >= cols and a multiple of 4");
-  DSV4_REQUIRE(o.scale_ld >= o.rows, what + ": FP8 output scale_ld must be >= its rows");
-  DSV4_REQUIRE(aligned(o.data, 4) && aligned(o.scales, 4), what + ": FP8 output data and scales must be 4-byte aligned");
-}
-
 // A cache written with 4- and 8-byte stores inside 16-byte aligned pages.
 inline void check_pages_out(const KvPagesMut& c, size_t min_stride, const std::string& what) {
   DSV4_REQUIRE(c.base && c.num_pages > 0 && c.entries_per_page > 0, what + ": cache without pages");

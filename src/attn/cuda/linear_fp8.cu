@@ -66,7 +66,7 @@ void Fp8Product::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const Linear
   a.forced_splits = opt.splits;
   if (tail) a.q_head = *tail;
   if (wants_gemm(opt, x.rows)) {
-    run_gemm(a, x.rows, stream, route);
+    run_gemm(a, x.rows, ws, stream, route);
     return;
   }
   int lt_rows = 0;

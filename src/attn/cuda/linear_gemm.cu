@@ -28,7 +28,11 @@
 // cluster, each leaves its partial tile in its own shared memory, and each
 // then sums its share of the token rows over the cluster's tiles (DSMEM, in
 // split order 0..S-1) and writes them. Nothing goes through global memory
-// and no counter is needed; the sums are the same bits on every run.
+// and no counter is needed; the sums are the same bits on every run. Decode
+// rows whose clusters would not all be resident (global_sum,
+// gemm_choose_splits) instead leave their tiles in the workspace and the
+// last CTA of a row block to arrive sums them, in the same fixed order, as
+// the small-M kernel does.
 //
 // Numerics: each 128-k block is one chain of four m64nNk32 wgmmas into
 // fresh accumulators, then scaled by sx(token, kb) * sw(kb) into the fp32
@@ -353,12 +357,22 @@ __global__ void __launch_bounds__(GemmTile<NT, W>::kThreads, GemmTile<NT, W>::kC
         ct[(tok0 + 8 * i + 2 * q + c) * kCtStride + row + 8 * v] = acc[4 * i + 2 * v + c];
   // Every tile of the cluster is complete (its CTAs' writes visible to all);
   // then this CTA sums token rows blockIdx.x, + splits, ... over them.
-  if (splits > 1) cluster_sync();
+  const bool in_cluster = splits > 1 && !a.global_sum;
+  if (in_cluster) cluster_sync();
   else __syncthreads();
   const int cols = int(a.n - row0 < kGemvCtaRows ? a.n - row0 : kGemvCtaRows);
+  if constexpr (Tile::kThreads == kGemvThreads) {
+    if (a.global_sum) {  // the last CTA of the row block to arrive sums the splits and writes every row
+      if (splits > 1 && !reduce_splits(a, ct, int(blockIdx.x), int(blockIdx.y), int(gridDim.y))) return;
+      for (int t = tid >> 5; t < a.m; t += Tile::kThreads / 32) write_row<Tile::kBf16X>(a, ring, t, tid & 31, 1, cols);
+      if constexpr (Tile::kQHeadTail)
+        if (a.q_head.counters != nullptr) q_head_tail(a, int(blockIdx.y), unsigned(512 / kGemvCtaRows), smem);
+      return;
+    }
+  }
   for (int t = int(blockIdx.x) + splits * (tid >> 5); t < a.m; t += splits * (Tile::kThreads / 32))
     write_row<Tile::kBf16X>(a, ring, t, tid & 31, splits, cols);
-  if (splits > 1) cluster_sync();  // no CTA leaves while another reads its tile
+  if (in_cluster) cluster_sync();  // no CTA leaves while another reads its tile
   if constexpr (Tile::kQHeadTail)
     if (a.q_head.counters != nullptr) q_head_tail(a, int(blockIdx.y), unsigned(512 / kGemvCtaRows * splits), smem);
 }
@@ -367,34 +381,36 @@ template <int NT, GemvWeight W>
 void gemm_launch_nt(const GemvArgs& a, cudaStream_t stream) {
   using Tile = GemmTile<NT, W>;
   const dim3 grid(unsigned(a.splits), unsigned((a.n + kGemvCtaRows - 1) / kGemvCtaRows));
-  pdl_launch_clustered(gemm_kernel<NT, W>, grid, Tile::kThreads, Tile::kSmemBytes, stream, a.splits, a);
+  pdl_launch_clustered(gemm_kernel<NT, W>, grid, Tile::kThreads, Tile::kSmemBytes, stream, a.global_sum ? 1 : a.splits, a);
 }
 
-// Clusters of 1, 2, 4 and 8 CTAs each tile size's kernel can hold resident
-// at once ([FP8, W8A16][tile 8..128][log2 splits]; gemm_configure). A
-// cluster's CTAs must share a GPC, so this can be fewer than the CTA slots
-// divided by the cluster size: wo_b's 32 clusters of 8 took 14.1 us at one
-// row where 4 splits took 11.4 (docs/perf-notes.md, run T1).
-int g_max_clusters[2][5][4] = {};
+// Clusters of 1, 2, 4 and 8 CTAs each FP8 tile size's kernel can hold
+// resident at once ([tile 8..128][log2 splits]; gemm_configure; the FP8 x
+// bf16 tiles choose their splits without them). A cluster's CTAs must share
+// a GPC, so this can be fewer than the CTA slots divided by the cluster
+// size: wo_b's 32 clusters of 8 took 14.1 us at one row where 4 splits took
+// 11.4 (docs/perf-notes.md, run T1).
+int g_max_clusters[5][4] = {};
 
 // The tile of m tokens: 8, 16, 32, 64, 128 tokens as 0 .. 4.
 int tile_index(int m) { return m <= 8 ? 0 : m <= 16 ? 1 : m <= 32 ? 2 : m <= 64 ? 3 : 4; }
-int kind_index(GemvWeight w) { return w == GemvWeight::kW8A16 ? 1 : 0; }
 
 template <int NT, GemvWeight W>
 cudaError_t gemm_configure_nt() {
   using Tile = GemmTile<NT, W>;
   cudaError_t e =
       cudaFuncSetAttribute(gemm_kernel<NT, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmemBytes));
-  for (int i = 0; i < 4 && e == cudaSuccess; ++i) {
-    cudaLaunchAttribute attr = cluster_attribute(1 << i);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(1u << i, 1, 1);
-    cfg.blockDim = dim3(Tile::kThreads, 1, 1);
-    cfg.dynamicSmemBytes = Tile::kSmemBytes;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    e = cudaOccupancyMaxActiveClusters(&g_max_clusters[kind_index(W)][tile_index(NT)][i], gemm_kernel<NT, W>, &cfg);
+  if constexpr (W == GemvWeight::kFp8) {
+    for (int i = 0; i < 4 && e == cudaSuccess; ++i) {
+      cudaLaunchAttribute attr = cluster_attribute(1 << i);
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(1u << i, 1, 1);
+      cfg.blockDim = dim3(Tile::kThreads, 1, 1);
+      cfg.dynamicSmemBytes = Tile::kSmemBytes;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      e = cudaOccupancyMaxActiveClusters(&g_max_clusters[tile_index(NT)][i], gemm_kernel<NT, W>, &cfg);
+    }
   }
   return e;
 }
@@ -425,16 +441,28 @@ int gemm_max_rows(GemvWeight kind) { return kind == GemvWeight::kW8A16 ? kGemmW8
 // instead take as many CTAs as two per SM hold, resident clusters or not:
 // their decode and dependent wgmmas make one CTA's k blocks slow, and a
 // second CTA on the SM hides them (docs/perf-notes.md, runs Y1-Y2).
-int gemm_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int forced) {
+//
+// FP8 decode rows (up to kGemmGlobalSumRows) take the split that fills two
+// CTAs an SM where resident clusters allow fewer, summed through the
+// workspace instead of a cluster: wo_b's 32 row blocks ran 128 CTAs in
+// clusters of 4 (clusters of 8 do not all fit), a lone CTA on its SM, at
+// 1.45x its bytes; 256 CTAs without clusters took 2-2.5 us less in the
+// batch-1 layer (docs/perf-notes.md, run AA1). Larger tiles keep the
+// cluster: their partials are more bytes to write and read back.
+GemmSplit gemm_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int forced) {
   const int64_t kb = k / 128, nrb = (n + kGemvCtaRows - 1) / kGemvCtaRows;
-  if (forced > 0 && forced <= kGemmMaxSplits && kb % forced == 0) return forced;
+  if (forced > 0 && forced <= kGemmMaxSplits && kb % forced == 0) return {forced, false};
   gemv_prepare();  // fills g_max_clusters
-  const int* clusters = g_max_clusters[kind_index(kind)][tile_index(m)];
-  const bool fill_sms = kind == GemvWeight::kW8A16;
-  int s = 1;
-  for (int i = 1, d = 2; d <= kGemmMaxSplits; ++i, d *= 2)
-    if (kb % d == 0 && kb / d >= 4 && (fill_sms ? nrb * d <= 2 * device_sm_count() : nrb <= clusters[i])) s = d;
-  return s;
+  const int* clusters = g_max_clusters[tile_index(m)];
+  const bool fp8 = kind == GemvWeight::kFp8;
+  int s = 1, g = 1;  // in a cluster; filling two CTAs an SM
+  for (int i = 1, d = 2; d <= kGemmMaxSplits; ++i, d *= 2) {
+    if (kb % d != 0 || kb / d < 4) continue;
+    if (nrb * d <= 2 * device_sm_count()) g = d;
+    if (fp8 ? nrb <= clusters[i] : nrb * d <= 2 * device_sm_count()) s = d;
+  }
+  if (fp8 && m <= kGemmGlobalSumRows && g > s) return {g, true};
+  return {s, false};
 }
 
 cudaError_t gemm_configure() {
@@ -461,6 +489,9 @@ void gemm_launch(const GemvArgs& a, CUstream_st* stream) {
                "linear (cuda): the wgmma GEMM quantizes only FP8 x bf16 outputs of whole 128-column blocks");
   DSV4_REQUIRE(a.q_head.counters == nullptr || (fp8 && a.m <= kGemvQHeadRows && a.n % 512 == 0),
                "linear (cuda): the FP8 GEMM's q-head tail takes whole heads of up to 8 rows");
+  DSV4_REQUIRE(!a.global_sum || (fp8 && a.m <= kGemmGlobalSumRows && a.partials && a.counters),
+               "linear (cuda): the GEMM sums splits through the workspace only for FP8 rows of up to 8, with partials "
+               "and counters");
   if (fp8) gemm_launch_kind<GemvWeight::kFp8>(a, stream);
   else gemm_launch_kind<GemvWeight::kW8A16>(a, stream);
   check_cuda(cudaGetLastError(), "wgmma GEMM launch");

@@ -201,30 +201,32 @@ __device__ __forceinline__ bool last_to_arrive(unsigned* counter, unsigned count
 
 // Sums the splits of this row block in fixed order; false for every CTA but
 // the last to arrive. ct holds this CTA's partial tile on entry and the total
-// on return (true).
-__device__ __forceinline__ bool reduce_splits(const GemvArgs& a, float* ct) {
-  const int rb = blockIdx.x, nrb = gridDim.x;
-  const int tile = a.m * kGemvCtaRows;
-  float* mine = a.partials + (size_t(blockIdx.y) * nrb + rb) * size_t(tile);
-  for (int i = threadIdx.x; i < tile; i += kGemvThreads) mine[i] = ct[(i >> 7) * kCtStride + (i & 127)];
+// on return (true). Also the GEMM's global_sum (split `split` of row block rb
+// of nrb). Four columns a thread: a tile of up to 8 rows is one pass.
+__device__ __forceinline__ bool reduce_splits(const GemvArgs& a, float* ct, int split, int rb, int nrb) {
+  const int tile4 = a.m * kGemvCtaRows / 4;  // float4 of the tile
+  float4* mine = reinterpret_cast<float4*>(a.partials) + (size_t(split) * nrb + rb) * size_t(tile4);
+  auto at = [&](int i) { return reinterpret_cast<float4*>(ct + (i >> 5) * kCtStride + 4 * (i & 31)); };
+  for (int i = threadIdx.x; i < tile4; i += blockDim.x) mine[i] = *at(i);
   if (!last_to_arrive(&a.counters[rb], unsigned(a.splits))) return false;
   // kBatch independent loads before the first add (a loop of unknown trip
   // count issues them a few at a time: many round trips to L2 for 32
   // splits); the adds stay in split order, so the sum is the same bits.
-  constexpr int kBatch = 16;
-  const size_t split_stride = size_t(nrb) * size_t(tile);
-  for (int i = threadIdx.x; i < tile; i += kGemvThreads) {
-    const float* src = a.partials + size_t(rb) * size_t(tile) + i;
-    float s = 0.0f;
+  constexpr int kBatch = 8;
+  const size_t split_stride = size_t(nrb) * size_t(tile4);
+  for (int i = threadIdx.x; i < tile4; i += blockDim.x) {
+    const float4* src = reinterpret_cast<const float4*>(a.partials) + size_t(rb) * size_t(tile4) + i;
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int sp0 = 0; sp0 < a.splits; sp0 += kBatch) {
-      float v[kBatch];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) v[b] = sp0 + b < a.splits ? __ldcg(src + size_t(sp0 + b) * split_stride) : 0.0f;
+      float4 v[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b)
-        if (sp0 + b < a.splits) s += v[b];
+        v[b] = sp0 + b < a.splits ? __ldcg(src + size_t(sp0 + b) * split_stride) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+        if (sp0 + b < a.splits) s.x += v[b].x, s.y += v[b].y, s.z += v[b].z, s.w += v[b].w;
     }
-    ct[(i >> 7) * kCtStride + (i & 127)] = s;
+    *at(i) = s;
   }
   if (threadIdx.x == 0) a.counters[rb] = 0;  // ready for the next call
   __syncthreads();
@@ -416,7 +418,7 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
 #pragma unroll
       for (int e = 0; e < 2; ++e) ct[(8 * j + 2 * t + e) * kCtStride + 16 * warp + g + 8 * h] = acc[j][2 * h + e];
   __syncthreads();
-  if (a.splits > 1 && !reduce_splits(a, ct)) return;
+  if (a.splits > 1 && !reduce_splits(a, ct, int(blockIdx.y), int(blockIdx.x), int(gridDim.x))) return;
   write_outputs(a, ct);
   if constexpr (W == GemvWeight::kFp8)
     if (a.q_head.counters != nullptr) q_head_tail(a, int(blockIdx.x), 512 / kGemvCtaRows, smem);

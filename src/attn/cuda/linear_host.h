@@ -57,11 +57,6 @@ inline bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t
 // 16-byte aligned operand with rows of at least `cols` elements.
 void check_bf16_input(const std::string& who, const void* x, int64_t ldx, int64_t cols);
 
-// Throws Error naming `who` unless `out` (rows >= 1) can take an FP8
-// activation: data and scales present and 4-byte aligned, whole 128-column
-// blocks, strides covering the columns and the rows.
-void check_act_out(const Fp8ActOut& out, const std::string& who);
-
 // Enqueues a product of bf16 operands through the plan cached for p and
 // records it in route; false (route.note says why) when cuBLASLt does not
 // support p: the caller then runs the own kernel.
@@ -78,9 +73,10 @@ bool wants_gemm(const LinearOptions& opt, int m);
 void run_gemv(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream, LinearRoute& route);
 // Runs the wgmma GEMM over rows [0, m) of `a` in launches of up to
 // gemm_max_rows(a.kind) rows, each with its own split of k; records them in route.
-// It needs no workspace (split-K sums stay in the cluster's shared memory).
-void run_gemm(GemvArgs a, int m, CUstream_st* stream, LinearRoute& route);
-// Workspace the own kernel needs for calls of up to max_m rows.
+// Split-K sums stay in the cluster's shared memory, or (global_sum) use ws's
+// partials and counters, which gemv_needs sizes.
+void run_gemm(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream, LinearRoute& route);
+// Workspace the own kernels (small-M kernel, FP8 GEMM) need for calls of up to max_m rows.
 LinearNeeds gemv_needs(GemvWeight kind, int64_t n, int64_t k, int max_m, int forced_splits = 0);
 // The larger of two needs, field by field.
 LinearNeeds max_needs(const LinearNeeds& a, const LinearNeeds& b);

@@ -58,6 +58,7 @@ struct GemvArgs {
   float* partials = nullptr;         // splits > 1: gemv_partial_floats(n, m, splits) floats
   unsigned* counters = nullptr;      // splits > 1: gemv_counters(n) zeroed counters
   GemvQHeadTail q_head{};            // kFp8, bf16 y of whole heads, m <= kGemvQHeadRows
+  bool global_sum = false;           // GEMM: splits summed through partials and counters, not in a cluster
 };
 
 // Tokens per MMA tile column set: 8, 16, 32 or 64 (>= m).
@@ -79,15 +80,23 @@ void gemv_launch(const GemvArgs& a, CUstream_st* stream);
 // The wgmma GEMM (linear_gemm.cu): the same arguments (kind kFp8, bf16 y,
 // no quantize, a q-head tail only up to kGemvQHeadRows rows; or kind kW8A16,
 // bf16 y and optionally its quantization, no tail; partials and counters
-// unused), 1 .. gemm_max_rows(kind) activation rows per launch.
+// only with global_sum), 1 .. gemm_max_rows(kind) activation rows per launch.
 inline constexpr int kGemmMaxRows = 128;
 inline constexpr int kGemmW8A16MaxRows = 32;
+inline constexpr int kGemmGlobalSumRows = 8;  // FP8 launches of up to this many rows may take global_sum
 int gemm_max_rows(GemvWeight kind);
 // Tokens per wgmma tile: 8, 16, 32, 64 or 128 (>= m).
 int gemm_tile_rows(int m);
-// Split of k (1, 2, 4 or 8 CTAs of a cluster, as many as keep one wave on
-// the current device); forced when it is one of those and divides k / 128.
-int gemm_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int forced = 0);
+// Split of k: 1, 2, 4 or 8 CTAs, summed in a cluster (as many as keep one
+// wave on the current device) or, for FP8 launches of up to
+// kGemmGlobalSumRows rows where that gives more CTAs, through the
+// workspace's partials (global_sum); forced (a cluster) when it is one of
+// those and divides k / 128.
+struct GemmSplit {
+  int splits = 1;
+  bool global_sum = false;
+};
+GemmSplit gemm_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int forced = 0);
 // Launches one GEMM (m <= gemm_max_rows(a.kind)); throws Error on a launch error.
 void gemm_launch(const GemvArgs& a, CUstream_st* stream);
 

@@ -102,7 +102,7 @@ void W8A16GroupedLinear::forward(const uint16_t* x, int64_t ldx, int m, uint16_t
   DSV4_REQUIRE(ldy >= im.out_cols(), who + ": output row stride smaller than the output columns");
   if (y_fp8) {
     DSV4_REQUIRE(y_fp8->rows == m && y_fp8->cols == im.out_cols(), who + ": the FP8 output must be [m, G * N_g]");
-    detail::check_act_out(*y_fp8, who);
+    check_fp8_out(*y_fp8, m, im.out_cols(), who);
   }
   ws.check_covers(needs(m), who);
 
@@ -118,7 +118,7 @@ void W8A16GroupedLinear::forward(const uint16_t* x, int64_t ldx, int m, uint16_t
     a.y = y, a.ldy = ldy;
     if (y_fp8) a.q = *y_fp8, a.quantize = true;
     a.forced_splits = im.options.splits;
-    if (gemm) detail::run_gemm(a, m, stream, im.route);
+    if (gemm) detail::run_gemm(a, m, ws, stream, im.route);
     else detail::run_gemv(a, m, ws, stream, im.route);
     return;
   }

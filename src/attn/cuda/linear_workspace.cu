@@ -70,27 +70,31 @@ void check_fp8_act(const Fp8Act& x, const std::string& who) {
   DSV4_REQUIRE(detail::aligned(x.scales, 4), who + ": activation scales must be 4-byte aligned");
 }
 
+void check_fp8_out(const Fp8ActOut& o, int rows, int cols, const std::string& what) {
+  DSV4_REQUIRE(o.data != nullptr && o.scales != nullptr, what + ": FP8 output without data or scales");
+  DSV4_REQUIRE(o.cols == cols, what + ": FP8 output has " + std::to_string(o.cols) + " columns, expected " +
+                                   std::to_string(cols));
+  DSV4_REQUIRE(cols > 0 && cols % kActBlock == 0,
+               what + ": the FP8 output needs a positive multiple of 128 columns, not " + std::to_string(cols));
+  DSV4_REQUIRE(o.rows >= rows, what + ": FP8 output has " + std::to_string(o.rows) + " rows, fewer than " +
+                                   std::to_string(rows));
+  DSV4_REQUIRE(o.ld >= cols && o.ld % 4 == 0, what + ": FP8 output row stride must cover the columns, a multiple of 4");
+  DSV4_REQUIRE(o.scale_ld >= o.rows, what + ": FP8 output scale_ld must be >= its rows");
+  DSV4_REQUIRE(detail::aligned(o.data, 4) && detail::aligned(o.scales, 4),
+               what + ": FP8 output data and scales must be 4-byte aligned");
+}
+
 void quantize_act(const uint16_t* x, int64_t ldx, const Fp8ActOut& out, CUstream_st* stream) {
   const std::string who = "quantize_act";
   DSV4_REQUIRE(out.rows >= 0, who + ": negative row count");
   if (out.rows == 0) return;
   DSV4_REQUIRE(x != nullptr && detail::aligned(x, 2), who + ": input is null or misaligned");
-  detail::check_act_out(out, who);
+  check_fp8_out(out, out.rows, out.cols, who);
   DSV4_REQUIRE(ldx >= out.cols, who + ": input row stride smaller than the columns");
   detail::launch_quantize_bf16(x, ldx, out, stream);
 }
 
 namespace detail {
-
-void check_act_out(const Fp8ActOut& out, const std::string& who) {
-  DSV4_REQUIRE(out.data != nullptr && out.scales != nullptr, who + ": FP8 output data or scales are null");
-  DSV4_REQUIRE(out.cols > 0 && out.cols % kActBlock == 0,
-               who + ": the FP8 output needs a positive multiple of 128 columns, not " + std::to_string(out.cols));
-  DSV4_REQUIRE(out.ld >= out.cols && out.ld % 4 == 0 && aligned(out.data, 4),
-               who + ": FP8 output row stride must cover the columns and be 4-byte aligned");
-  DSV4_REQUIRE(out.scale_ld >= out.rows && aligned(out.scales, 4),
-               who + ": FP8 output scales must be 4-byte aligned with scale_ld covering the rows");
-}
 
 LinearNeeds max_needs(const LinearNeeds& a, const LinearNeeds& b) {
   LinearNeeds r;
@@ -109,6 +113,14 @@ LinearNeeds gemv_needs(GemvWeight kind, int64_t n, int64_t k, int max_m, int for
     const int s = gemv_choose_splits(kind, n, k, m, sms, forced_splits);
     nd.partial_bytes = std::max(nd.partial_bytes, gemv_partial_floats(n, m, s) * sizeof(float));
     if (s > 1) nd.counters = std::max(nd.counters, gemv_counters(n));
+  }
+  const int gm = std::min(max_m, kGemmGlobalSumRows);  // the FP8 GEMM's splits summed here: one split for all m <= 8
+  if (kind == GemvWeight::kFp8 && gm >= 1) {
+    const GemmSplit g = gemm_choose_splits(kind, n, k, gm, forced_splits);
+    if (g.global_sum) {
+      nd.partial_bytes = std::max(nd.partial_bytes, gemv_partial_floats(n, gm, g.splits) * sizeof(float));
+      nd.counters = std::max(nd.counters, gemv_counters(n));
+    }
   }
   if (kind == GemvWeight::kFp8 && gemv_head_counters(n) > 0)  // Fp8Linear's q-head tail
     nd.counters = gemv_counters(n) + gemv_head_counters(n);
@@ -148,15 +160,22 @@ void run_gemv(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream,
   }
 }
 
-void run_gemm(GemvArgs a, int m, CUstream_st* stream, LinearRoute& route) {
+void run_gemm(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream, LinearRoute& route) {
   const int rows = gemm_max_rows(a.kind);
   for (int r0 = 0; r0 < m; r0 += rows) {
     GemvArgs c = row_slice(a, r0, std::min(rows, m - r0));
-    c.splits = gemm_choose_splits(a.kind, a.n, a.k, c.m, a.forced_splits);
+    const GemmSplit split = gemm_choose_splits(a.kind, a.n, a.k, c.m, a.forced_splits);
+    c.splits = split.splits;
+    c.global_sum = split.global_sum;
+    if (c.global_sum) {
+      c.partials = ws.partials();
+      c.counters = ws.counters();
+    }
     gemm_launch(c, stream);
     route.gemm_rows += c.m;
     route.kernel_launches += 1;
     route.splits = c.splits;
+    route.gemm_global_sum = c.global_sum;
   }
 }
 

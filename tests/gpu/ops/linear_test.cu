@@ -348,7 +348,7 @@ void check_fp8_linear(const std::string& name, const std::vector<WeightMatrix>& 
   Fp8Linear gpu(ptrs, LinearOptions{LinearPath::kAuto, 32, splits});
   const int64_t n = gpu.out_features(), k = gpu.in_features();
   const int max_m = *std::max_element(ms.begin(), ms.end());
-  LinearWorkspace ws({gpu.needs(max_m)});  // the FP8 GEMM needs none of it
+  LinearWorkspace ws({gpu.needs(max_m)});
   std::vector<Linear> cpu;
   for (const WeightMatrix& w : parts) cpu.emplace_back(&w, LinearMode::kFp8, true);
   const std::vector<float> w = dequantized(parts), aw = absolute(w);
@@ -506,6 +506,41 @@ TEST_F(LinearCudaTest, Fp8FlashShapes) {
     parts.push_back(random_fp8("indexer.wq_b", 8192, 1024, rng));
     check_fp8_linear("indexer.wq_b", parts, {1, 8, 64, 128, 512},
                      {LinearPath::kSmallM, LinearPath::kCublas, LinearPath::kGemm}, 21);
+  }
+}
+
+// wo_b's 32 row blocks at decode rows: clusters of 8 do not all fit at once,
+// so the GEMM splits k 8 ways without a cluster and sums through the
+// workspace (Fp8FlashShapes checks its values against the CPU at 1, 5 and 8
+// rows); from 9 rows it keeps a cluster. Two runs give the same bits.
+TEST_F(LinearCudaTest, Fp8GemmSumsDecodeSplitsThroughTheWorkspace) {
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  if (2 * sms < 256) GTEST_SKIP() << "needs 128 SMs for 256 CTAs two an SM, has " << sms;
+  std::mt19937_64 rng(23);
+  const WeightMatrix w = random_fp8("wo_b", 4096, 8192, rng);
+  Fp8Linear gpu(w, LinearOptions{LinearPath::kGemm, 32, 0});
+  LinearWorkspace ws({gpu.needs(16)});
+  for (int m : {1, 8, 16}) {
+    const std::string at = "wo_b m=" + std::to_string(m);
+    const std::vector<float> x = random_activation(m, 8192, rng);
+    DeviceArray<uint16_t> xd(to_bf16(x));
+    DeviceAct act(m, 8192, m, 0);
+    cuda::quantize_act(xd.get(), 8192, act.out(), nullptr);
+    std::vector<std::vector<uint16_t>> runs;
+    for (int rep = 0; rep < 2; ++rep) {
+      DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m) * 4096, kPoison16));
+      gpu.forward(Fp8Act(act.out()), y.get(), 4096, ws, nullptr);
+      sync();
+      runs.push_back(y.download());
+    }
+    const LinearRoute route = gpu.last_route();
+    EXPECT_EQ(route.gemm_rows, m) << at;
+    EXPECT_EQ(route.gemm_global_sum, m <= 8) << at;
+    if (m <= 8) EXPECT_EQ(route.splits, 8) << at;
+    EXPECT_TRUE(runs[0] == runs[1]) << at << ": two runs differ";
+    for (uint16_t v : runs[0]) ASSERT_NE(v, kPoison16) << at << ": an output was not written";
   }
 }
 
