@@ -26,6 +26,7 @@
 #include "attn/cuda/indexer_select_internal.cuh"
 #include "attn/cuda/indexer_topk.cuh"
 #include "attn/cuda/pdl.cuh"
+#include "attn/cuda/ptx.cuh"
 
 namespace dsv4::cuda::ix {
 namespace {
@@ -89,6 +90,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   __shared__ uint16_t owned[kSortKeys];  // the rank path: where this CTA's keys are in the set
   __shared__ int total, kept_count, staged_count, owned_count;
   __shared__ int counts[kMaxGroupUnits];  // list s's count, loaded once
+  __shared__ int32_t table_first;  // the token's block-table row starts at this logical block
   const IndexerSelectParams& p = a.p;
   const Workspace& ws = a.ws;
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, k = p.topk;
@@ -98,6 +100,17 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   const TokenRef ref = t < real ? ws.tokens[t] : TokenRef{-1, 0};
   Group gr{};
   if (ref.group >= 0) gr = ws.groups[ref.group];
+  // The token's row of the compressed cache's block table (step metadata,
+  // pdl.cuh) before the wait too: mapping the ranked keys to slots through
+  // it were the kernel's last two dependent loads (the row's first block,
+  // then a page). Its first block goes to shared memory, its lines to L1.
+  BlockTableView table = p.c4a_table;
+  if (ref.group >= 0) {
+    table.pages += int64_t(gr.run) * table.width;
+    if (tid == 0) table_first = table.first[gr.run];
+    for (int i = 32 * tid; i < table.width; i += 32 * kFinalizeThreads) prefetch_l1(table.pages + i);
+  }
+  table.first = &table_first;  // row 0 of the view is the token's row
   pdl_start();  // pdl.cuh: launched with pdl_launch
   // The score kernel has finished taking units: rewind its counter, so that
   // the next score on this plan (run_planned, the next layer) starts again.
@@ -184,7 +197,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   auto write = [&](int i, uint64_t key) {
     const int32_t j = indexer_key_index(key);
     picks[i] = j;
-    slots[i] = block_table_slot(p.c4a_table, gr.run, j);
+    slots[i] = block_table_slot(table, 0, j);
   };
   // Few candidates (all of them at short context): all of them are the set,
   // ranked by the token's CTAs (or sorted where it has one). More (long

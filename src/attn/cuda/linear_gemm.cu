@@ -380,6 +380,9 @@ __global__ void __launch_bounds__(GemmTile<NT, W>::kThreads, GemmTile<NT, W>::kC
 template <int NT, GemvWeight W>
 void gemm_launch_nt(const GemvArgs& a, cudaStream_t stream) {
   using Tile = GemmTile<NT, W>;
+  // The kernel sums splits through the workspace (global_sum) only in tiles of
+  // kGemvThreads threads: every tile that rows up to kGemmGlobalSumRows pick.
+  static_assert(NT > kGemmGlobalSumRows || Tile::kThreads == kGemvThreads, "global_sum tiles");
   const dim3 grid(unsigned(a.splits), unsigned((a.n + kGemvCtaRows - 1) / kGemvCtaRows));
   pdl_launch_clustered(gemm_kernel<NT, W>, grid, Tile::kThreads, Tile::kSmemBytes, stream, a.global_sum ? 1 : a.splits, a);
 }
@@ -458,11 +461,20 @@ GemmSplit gemm_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int f
   int s = 1, g = 1;  // in a cluster; filling two CTAs an SM
   for (int i = 1, d = 2; d <= kGemmMaxSplits; ++i, d *= 2) {
     if (kb % d != 0 || kb / d < 4) continue;
-    if (nrb * d <= 2 * device_sm_count()) g = d;
-    if (fp8 ? nrb <= clusters[i] : nrb * d <= 2 * device_sm_count()) s = d;
+    const bool fills_two = nrb * d <= 2 * device_sm_count();
+    if (fills_two) g = d;
+    if (fp8 ? nrb <= clusters[i] : fills_two) s = d;
   }
   if (fp8 && m <= kGemmGlobalSumRows && g > s) return {g, true};
   return {s, false};
+}
+
+int gemm_resident_clusters(int m, int splits) {
+  DSV4_REQUIRE(m >= 1 && m <= kGemmMaxRows && (splits == 1 || splits == 2 || splits == 4 || splits == 8),
+               "linear (cuda): resident clusters are known for 1-128 rows and 1, 2, 4 or 8 splits");
+  gemv_prepare();  // fills g_max_clusters
+  const int i = splits == 1 ? 0 : splits == 2 ? 1 : splits == 4 ? 2 : 3;
+  return g_max_clusters[tile_index(m)][i];
 }
 
 cudaError_t gemm_configure() {

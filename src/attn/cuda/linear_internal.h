@@ -97,6 +97,9 @@ struct GemmSplit {
   bool global_sum = false;
 };
 GemmSplit gemm_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int forced = 0);
+// Clusters of `splits` CTAs (1, 2, 4 or 8) of the FP8 tile for m rows that
+// the current device holds resident at once: what the choice above weighs.
+int gemm_resident_clusters(int m, int splits);
 // Launches one GEMM (m <= gemm_max_rows(a.kind)); throws Error on a launch error.
 void gemm_launch(const GemvArgs& a, CUstream_st* stream);
 

@@ -12,8 +12,8 @@
 // so the step metadata (DeviceStep's arrays, the real token count): copies
 // and plain launches build it, and a kernel launched without PDL is complete
 // before any kernel after it starts. The same holds for the output of a
-// kernel that never calls launch_dependents (the indexer's plan_kernel):
-// nothing after it starts before it ends. Every CTA calls pdl_start() before it
+// kernel that never calls launch_dependents (the indexer's and the
+// attention's plan kernels): nothing after it starts before it ends. Every CTA calls pdl_start() before it
 // exits, even one with nothing to do: a grid's completion then implies its
 // predecessors', which the next kernel's wait relies on.
 #include <cuda_runtime.h>

@@ -41,6 +41,8 @@ __device__ __forceinline__ void cp_async_8(uint32_t dst, const void* src, uint32
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+// Brings the 128-byte line at p into this SM's L1 (and L2); reads nothing into registers.
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's newest cp.async groups are pending.
 template <int N>

@@ -15,9 +15,9 @@
 // partials each (large batches) or one unit with many (batch 1, long rows;
 // the plan caps the partials per unit at kMaxPartials). It is launched with programmatic
 // dependent launch right behind the attention kernel, so its CTAs are set up
-// while that kernel runs; they wait for it (always: completing this grid
-// must mean the attention kernel completed too) and exit at once when the
-// plan listed no split unit.
+// and find their first item in the plan while that kernel runs; they wait
+// for it (always: completing this grid must mean the attention kernel
+// completed too) and exit at once when the plan listed no split unit.
 #include "attn/cuda/sparse_mla_common.cuh"
 
 namespace dsv4::cuda {
@@ -45,69 +45,98 @@ struct MergeState {
   }
 };
 
+// One item of the merge: a float4 of a head row of a split unit, its token,
+// head block and partial slots. From the plan alone, so the thread's first
+// item is found before the kernel's wait.
+struct CombineItem {
+  int h, f, t, hb, r, lane, n_part, first_partial, first_slot;
+  bool padded;  // a padded head: no output (whole warps)
+};
+
+__device__ __forceinline__ CombineItem combine_item(const AttnParams& p, int idx, int lg, int per) {
+  constexpr int kRowF4 = 128;  // float4 per 512-dim row
+  CombineItem c;
+  const int item = idx >> lg;
+  c.lane = idx & ((1 << lg) - 1);
+  c.h = (item / kRowF4) % kHeadBlock, c.f = item % kRowF4;
+  const int ku = item / (kHeadBlock * kRowF4), k = ku >> (p.cluster - 1);  // cluster: 1 or 2
+  c.r = ku & (p.cluster - 1);
+  const int u = __ldg(p.plan.split_units + k);
+  c.t = u / p.plan_head_blocks, c.hb = (u - c.t * p.plan_head_blocks) * p.cluster + c.r;
+  c.padded = c.h >= min(kHeadBlock, p.num_heads - c.hb * kHeadBlock);
+  const int start = __ldg(&p.plan.unit_info[u]).x, end = __ldg(&p.plan.unit_info[u + 1]).x;
+  const int c_first = start / per;
+  c.n_part = (end - 1) / per - c_first + 1;
+  c.first_partial = c_first;
+  c.first_slot = c_first * per >= start ? 0 : 1;  // the first slot's partial is its partial slot 1 when the unit starts inside its range
+  return c;
+}
+
+// Merges item c's partials and writes its output (lane 0 of its lanes).
+__device__ __forceinline__ void combine_one(const AttnParams& p, const CombineItem& c, int lg) {
+  constexpr int kRopeF4 = 448 / 4;  // the first float4 of the rotary dims
+  // The output rotation's factors (pairs 2(f - kRopeF4), +1), loaded
+  // before the partials so that the two loads overlap.
+  float4 cs = make_float4(1.0f, 0.0f, 1.0f, 0.0f);
+  const bool rotate = p.rope_cs != nullptr && c.f >= kRopeF4 && c.lane == 0;
+  if (rotate) cs = __ldg(reinterpret_cast<const float4*>(p.rope_cs + int64_t(c.t) * 32 + 2 * (c.f - kRopeF4)));
+  // Work slot s's CTA for head block r is s * cluster + r.
+  auto partial = [&](int i) { return ((c.first_partial + i) * p.cluster + c.r) * 2 + (i == 0 ? c.first_slot : 0); };
+  // This lane's partials lane, lane + 2^lg, ... in order, rescaling as the
+  // maximum grows (the loads do not depend on the running state, so they
+  // are all in flight together); then the lanes' states merge in a fixed
+  // tree. Fixed orders: the result does not depend on timing. The row's
+  // statistics are read by all its threads alike: cached loads.
+  MergeState st;
+#pragma unroll 8
+  for (int i = c.lane; i < c.n_part; i += 1 << lg) {
+    const float2 ml = __ldg(p.partial_ml + partial(i) * 64 + c.h);
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial_o + (int64_t(partial(i)) * 64 + c.h) * 512) + c.f);
+    st.add(ml.x, ml.y, v);
+  }
+  for (int d = 1; d < (1 << lg); d <<= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, st.m, d), l2 = __shfl_xor_sync(0xffffffffu, st.l, d);
+    const float4 o2 = make_float4(__shfl_xor_sync(0xffffffffu, st.o.x, d), __shfl_xor_sync(0xffffffffu, st.o.y, d),
+                                  __shfl_xor_sync(0xffffffffu, st.o.z, d), __shfl_xor_sync(0xffffffffu, st.o.w, d));
+    st.add(m2, l2, o2);
+  }
+  if (c.lane != 0) return;
+  // m = -inf: exp2(+inf) = inf, inv = 0, o = 0.
+  const float inv = 1.0f / (st.l + fast_exp2(p.sink[c.hb * kHeadBlock + c.h] * kLog2e - st.m));
+  const int64_t row = int64_t(c.t) * p.num_heads + c.hb * kHeadBlock + c.h;
+  uint2 w = make_uint2(pack_bf16(st.o.x * inv, st.o.y * inv), pack_bf16(st.o.z * inv, st.o.w * inv));
+  if (rotate) w = make_uint2(rope_rotate_bf16x2(w.x, make_float2(cs.x, cs.y)), rope_rotate_bf16x2(w.y, make_float2(cs.z, cs.w)));
+  *reinterpret_cast<uint2*>(p.out + row * 512 + 4 * c.f) = w;
+  if (c.f == 0 && p.lse != nullptr) p.lse[row] = st.l > 0.0f ? st.m * kLn2 + logf(st.l) : -INFINITY;
+}
+
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_constant__ AttnParams p) {
   launch_dependents();  // the next call's attention kernel may set up its CTAs meanwhile
-  // Always wait, even with nothing to merge: this grid's completion must
-  // imply the attention kernel's, for whatever follows in the stream.
-  wait_for_prior_grids();
-  const int count = p.plan.split_count[0];
-  if (count == 0) return;
+  // The plan before the wait: its kernel lets nothing start before it ends
+  // (sparse_mla_plan.cu). So the chain of loads that finds a thread's first
+  // item (count, unit, unit records) overlaps the attention kernel, and only
+  // the partials' loads follow the wait.
+  const int count = __ldg(&p.plan.split_count[0]);
   const int per = __ldg(&p.plan.cta_work[0]).w;
   // 2^lg lanes per float4, so that no lane merges more than about 8 partials:
   // each lane's loads are then in flight together (one L2 round trip), where
   // one lane per float4 of a 44-partial row (batch 1, long rows) waited for 6.
-  const int max_parts = p.plan.split_count[1];
+  const int max_parts = __ldg(&p.plan.split_count[1]);
   const int lg = max_parts > 32 ? 3 : max_parts > 16 ? 2 : max_parts > 8 ? 1 : 0;
-  constexpr int kRowF4 = 128;  // float4 per 512-dim row
-  constexpr int kRopeF4 = 448 / 4;  // the first float4 of the rotary dims
   // A multiple of 32, as is the grid stride: every lane of a warp runs the
   // same iterations, and a warp's items lie in one head row (the shuffles
   // below need the whole warp).
   // Items: (split unit, head block of the unit's cluster, head, float4).
-  const int threads = (count * p.cluster * kHeadBlock * kRowF4) << lg;
-  for (int idx = blockIdx.x * kCombineThreads + threadIdx.x; idx < threads; idx += gridDim.x * kCombineThreads) {
-    const int item = idx >> lg, lane = idx & ((1 << lg) - 1);
-    const int h = (item / kRowF4) % kHeadBlock, f = item % kRowF4;
-    const int ku = item / (kHeadBlock * kRowF4), k = ku >> (p.cluster - 1), r = ku & (p.cluster - 1);  // cluster: 1 or 2
-    const int u = __ldg(p.plan.split_units + k);
-    const int t = u / p.plan_head_blocks, hb = (u - t * p.plan_head_blocks) * p.cluster + r;
-    if (h >= min(kHeadBlock, p.num_heads - hb * kHeadBlock)) continue;  // padded head (whole warp): no output
-    // The output rotation's factors (pairs 2(f - kRopeF4), +1), loaded
-    // before the partials so that the two loads overlap.
-    float4 cs = make_float4(1.0f, 0.0f, 1.0f, 0.0f);
-    const bool rotate = p.rope_cs != nullptr && f >= kRopeF4 && lane == 0;
-    if (rotate) cs = __ldg(reinterpret_cast<const float4*>(p.rope_cs + int64_t(t) * 32 + 2 * (f - kRopeF4)));
-    const int start = __ldg(&p.plan.unit_info[u]).x, end = __ldg(&p.plan.unit_info[u + 1]).x;
-    const int c_first = start / per, n_part = (end - 1) / per - c_first + 1;
-    const int first_slot = c_first * per >= start ? 0 : 1;  // the first slot's partial is its partial slot 1 when the unit starts inside its range
-    // Work slot c's CTA for head block r is c * cluster + r.
-    auto partial = [&](int i) { return ((c_first + i) * p.cluster + r) * 2 + (i == 0 ? first_slot : 0); };
-    // This lane's partials lane, lane + 2^lg, ... in order, rescaling as the
-    // maximum grows (the loads do not depend on the running state, so they
-    // are all in flight together); then the lanes' states merge in a fixed
-    // tree. Fixed orders: the result does not depend on timing. The row's
-    // statistics are read by all its threads alike: cached loads.
-    MergeState st;
-#pragma unroll 8
-    for (int i = lane; i < n_part; i += 1 << lg) {
-      const float2 ml = __ldg(p.partial_ml + partial(i) * 64 + h);
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial_o + (int64_t(partial(i)) * 64 + h) * 512) + f);
-      st.add(ml.x, ml.y, v);
-    }
-    for (int d = 1; d < (1 << lg); d <<= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, st.m, d), l2 = __shfl_xor_sync(0xffffffffu, st.l, d);
-      const float4 o2 = make_float4(__shfl_xor_sync(0xffffffffu, st.o.x, d), __shfl_xor_sync(0xffffffffu, st.o.y, d),
-                                    __shfl_xor_sync(0xffffffffu, st.o.z, d), __shfl_xor_sync(0xffffffffu, st.o.w, d));
-      st.add(m2, l2, o2);
-    }
-    if (lane != 0) continue;
-    // m = -inf: exp2(+inf) = inf, inv = 0, o = 0.
-    const float inv = 1.0f / (st.l + fast_exp2(p.sink[hb * kHeadBlock + h] * kLog2e - st.m));
-    const int64_t row = int64_t(t) * p.num_heads + hb * kHeadBlock + h;
-    uint2 w = make_uint2(pack_bf16(st.o.x * inv, st.o.y * inv), pack_bf16(st.o.z * inv, st.o.w * inv));
-    if (rotate) w = make_uint2(rope_rotate_bf16x2(w.x, make_float2(cs.x, cs.y)), rope_rotate_bf16x2(w.y, make_float2(cs.z, cs.w)));
-    *reinterpret_cast<uint2*>(p.out + row * 512 + 4 * f) = w;
-    if (f == 0 && p.lse != nullptr) p.lse[row] = st.l > 0.0f ? st.m * kLn2 + logf(st.l) : -INFINITY;
+  const int threads = (count * p.cluster * kHeadBlock * 128) << lg;
+  int idx = blockIdx.x * kCombineThreads + threadIdx.x;
+  CombineItem c{};
+  if (idx < threads) c = combine_item(p, idx, lg, per);
+  // Always wait, even with nothing to merge: this grid's completion must
+  // imply the attention kernel's, for whatever follows in the stream.
+  wait_for_prior_grids();
+  for (bool first = true; idx < threads; idx += gridDim.x * kCombineThreads, first = false) {
+    if (!first) c = combine_item(p, idx, lg, per);
+    if (!c.padded) combine_one(p, c, lg);
   }
 }
 

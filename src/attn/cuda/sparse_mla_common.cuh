@@ -38,7 +38,8 @@ __device__ __forceinline__ void stamp(const AttnParams& p, int k) {
 }
 
 // Walks the units of a CTA range in order; the next unit's record is loaded
-// one unit ahead. Also tracks the unit's token and head block
+// one unit ahead. The attention kernel starts it before its PDL wait (the
+// plan is complete by then: sparse_mla_plan.cu) and each role copies it. Also tracks the unit's token and head block
 // (u = tok * plan_head_blocks + hb; hb is the unit's group of head blocks)
 // without a division per step.
 struct UnitWalker {

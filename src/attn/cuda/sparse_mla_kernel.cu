@@ -31,13 +31,18 @@ __global__ void __launch_bounds__(kAttnThreads, 1) sparse_mla_kernel(const __gri
   // The swizzle atoms must sit on 1024-byte boundaries of the shared window
   // (the same offset in every CTA: the peer's buffers are addressed alike).
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  wait_for_prior_grids();
-  launch_dependents();
+  // The plan before the wait: its kernel lets nothing start before it ends
+  // (sparse_mla_plan.cu), so these two dependent loads overlap the previous
+  // kernel's tail instead of opening the tile chain.
   // {first tile, end tile, first unit, per}: the same for both CTAs of a cluster.
   const int4 work = __ldg(p.plan.cta_work + blockIdx.x / kCluster);
-  if (work.x >= work.y) return;
-  if constexpr (kDiag) stamp(p, kDebugStart);
-  attention_tiles<kCluster, kDiag>(p, smem, work.x, work.y, work.z);
+  if (work.x >= work.y) {
+    wait_for_prior_grids();  // pdl.cuh: even a CTA with nothing to do
+    return;
+  }
+  UnitWalker first;
+  first.start(p, work.z);
+  attention_tiles<kCluster, kDiag>(p, smem, work.x, work.y, first);  // waits after its set-up
   if constexpr (kDiag) stamp(p, kDebugEnd);
 }
 

@@ -45,8 +45,11 @@ __device__ __forceinline__ int split_penalty(int per, int split_units) { return 
 // a split row over all its partials in at most 8 threads (sparse_mla_combine.cu).
 constexpr int kMaxPartials = 64;
 
+// Launched with PDL, but it lets no later kernel start before it ends (no
+// launch_dependents): the attention and combine kernels then read the plan
+// before their own wait, off their critical path.
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ AttnParams p) {
-  pdl_start();  // pdl.cuh: launched with pdl_launch
+  wait_for_prior_grids();  // pdl.cuh
   __shared__ int s_makespan, s_splits, s_longest, s_cut, s_parts;
   __shared__ int load[kMaxGrid];  // tiles per slot with whole units
   const int tid = threadIdx.x;

@@ -191,13 +191,13 @@ __device__ __forceinline__ void copy_rows_to_peer(uint32_t sbase, const PeerCta&
 // In a pair, rank r serves entries 32 r + tp / 4 and copies each warp's
 // rows and mask group to the peer.
 template <int kCluster, bool kDiag>
-__device__ __forceinline__ void produce(const AttnParams& p, uint8_t* smem, const PeerCta& peer, int a, int b, int u0) {
+__device__ __forceinline__ void produce(const AttnParams& p, uint8_t* smem, const PeerCta& peer, int a, int b,
+                                        const UnitWalker& first) {
   const int tp = threadIdx.x - 256, q = tp & 3;
   const int e = kCluster > 1 ? kHalf * int(peer.rank) + (tp >> 2) : tp >> 2;
   const uint32_t sbase = smem_u32(smem);
   const int n = b - a;
-  UnitWalker w;
-  w.start(p, u0);
+  UnitWalker w = first;
   // The walker only moves forward: tiles in increasing order.
   auto ref = [&](int k) { return k < n ? fetch_ref(p, w, a + k, e) : EntryRef{-1, -1}; };
   // Records two tiles ahead in registers (x0: even tiles, x1: odd), indices
@@ -390,7 +390,9 @@ __device__ __forceinline__ void load_q(const AttnParams& p, uint8_t* smem, const
 
 // ---- S (warpgroup 0) ---------------------------------------------------------
 template <int kCluster, bool kDiag>
-__device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, const PeerCta& peer, int a, int b, int u0) {
+__device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, const PeerCta& peer, int a, int b,
+                                          const UnitWalker& first) {
+  const int u0 = first.u;
   const int t = threadIdx.x, lane = t & 31, g = lane >> 2, c4 = lane & 3, r0 = 16 * (t >> 5) + g;
   const int n = b - a;
   const uint32_t sbase = smem_u32(smem);
@@ -400,8 +402,7 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, co
   cp_async_commit();
   float acc[128];
   float m_run[2], l_run[2];
-  UnitWalker w;
-  w.start(p, u0);
+  UnitWalker w = first;
   for (int s = 0; s < n; ++s) {
     const int kb = s & 1;
     const auto [unit_first, unit_last] = w.place(a, s, n);
@@ -522,7 +523,9 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, co
 // Alone (kCluster = 1), V also gathers and dequantizes entries 32..63; in a
 // pair the producers do all the dequantization and V only its P V.
 template <int kCluster, bool kDiag>
-__device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, const PeerCta& peer, int a, int b, int u0) {
+__device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, const PeerCta& peer, int a, int b,
+                                          const UnitWalker& first) {
+  const int u0 = first.u;
   constexpr bool kStages = kCluster == 1;
   const int t = threadIdx.x - 128, lane = t & 31, g = lane >> 2, r0 = 16 * (t >> 5) + g;
   const int n = b - a;
@@ -530,8 +533,7 @@ __device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, co
   const float* alpha_buf = reinterpret_cast<const float*>(smem + kOffAlpha);
   const float* stats = reinterpret_cast<const float*>(smem + kOffStats);
   const int e = kHalf + (t >> 2);
-  UnitWalker gw;  // the staging cursor
-  gw.start(p, u0);
+  UnitWalker gw = first;  // the staging cursor
   EntryRef pending{-1, -1};
   if constexpr (kStages) {  // tile a's half now, tile a + 1's staged
     issue_stage(p, fetch_ref(p, gw, a, e), smem, 0, t);
@@ -546,8 +548,7 @@ __device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, co
   }
 
   float acc[128];
-  UnitWalker w;
-  w.start(p, u0);
+  UnitWalker w = first;
   for (int s = 0; s < n; ++s) {
     const int kb = s & 1;
     const auto [unit_first, unit_last] = w.place(a, s, n);
@@ -581,7 +582,7 @@ __device__ __forceinline__ void consume_v(const AttnParams& p, uint8_t* smem, co
 // releases target our barriers and buffers, so both CTAs initialise theirs
 // before either starts, and neither exits while the other may still arrive.
 template <int kCluster, bool kDiag>
-__device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* smem, int a, int b, int u0) {
+__device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* smem, int a, int b, const UnitWalker& first) {
   const uint32_t sbase = smem_u32(smem);
   if (threadIdx.x == 0) {
     for (int i = 0; i < 2; ++i) {
@@ -601,18 +602,23 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
   } else {
     __syncthreads();
   }
+  // Nothing above reads what an earlier kernel writes (pdl.cuh): the set-up
+  // overlaps its tail.
+  wait_for_prior_grids();
+  launch_dependents();
+  if constexpr (kDiag) stamp(p, kDebugStart);
   // Warp-uniform role (a shuffle from lane 0), so that the wgmma are not
   // treated as divergent.
   const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (role == 0) {
     set_regs<kRegsS>();
-    consume_s<kCluster, kDiag>(p, smem, peer, a, b, u0);
+    consume_s<kCluster, kDiag>(p, smem, peer, a, b, first);
   } else if (role == 1) {
     set_regs<kRegsV>();
-    consume_v<kCluster, kDiag>(p, smem, peer, a, b, u0);
+    consume_v<kCluster, kDiag>(p, smem, peer, a, b, first);
   } else {
     set_regs<kRegsProducer>();
-    produce<kCluster, kDiag>(p, smem, peer, a, b, u0);
+    produce<kCluster, kDiag>(p, smem, peer, a, b, first);
   }
   if constexpr (kCluster > 1) cluster_sync();
 }
