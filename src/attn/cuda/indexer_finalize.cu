@@ -9,8 +9,8 @@
 // again.
 // Tokens without keys (padding, nothing visible) get -1 rows and length 0
 // and read nothing but the plan.
-// Up to kRankTokens tokens (decode steps) a token takes kRankCtas CTAs
-// instead of one. Each gathers the same candidates; when they are few (up
+// Up to kRankTokens tokens (decode steps) a token takes 16 or 32 CTAs
+// (rank_ctas) instead of one. Each gathers the same candidates; when they are few (up
 // to kSortKeys) there is no sort: each CTA ranks its share of them by
 // counting the keys above each one (keys are unique, so a rank is the key's
 // place in the best-first order). One CTA sorting 1,024 candidates was
@@ -18,7 +18,7 @@
 // (docs/perf-notes.md, runs U3-U4), while 131 SMs idled; ranked, it ends
 // 10.1 us after the score kernel, and the batch-1 step at 4K context took
 // 3.22 instead of 3.33 ms (runs V1-V2). More candidates (long context), and
-// CTA 0 selects and sorts them alone while the others leave: each of the 16
+// CTA 0 selects and sorts them alone while the others leave: each of 16
 // repeating the select over the lists in global memory made the 1M-context
 // steps slower (8 x 1M: 8.32-8.51 against 8.51-8.56 ms, run W1).
 #include <cuda_runtime.h>
@@ -46,28 +46,38 @@ constexpr int kSortPer = 4;
 constexpr int kSortKeys = kSortPer * kFinalizeThreads;
 static_assert(kIndexerMaxTopk <= kSortKeys && kSortKeys <= kStageKeys, "the sort's buffers");
 // The rank path: CTAs per token, for up to kRankTokens tokens (up to 256
-// CTAs: one wave). CTA c of a token ranks the keys whose index is c modulo
-// the CTAs (every CTA holds the same set, each in its own order: the
-// appends race), kRankKeys keys at a time (their counts in hist), each
-// compared with a kRankParts-th of the set by one thread.
+// CTAs: one wave): kRankCtasFew for up to kRankFewTokens tokens, else
+// kRankCtas. CTA c of a token ranks the keys whose index is c modulo the
+// CTAs (every CTA holds the same set, each in its own order: the appends
+// race), kKeys keys at a time (their counts in hist), each compared with a
+// (kFinalizeThreads / kKeys)-th of the set by one thread: the more CTAs, the
+// fewer keys each and the shorter each thread's run of compares. At batch 1
+// and 4K context (1,024 candidates) 16 CTAs ran 128 compares a thread, most
+// of the kernel's ~1,700 instructions a warp (Nsight Compute, run AB3); 32
+// CTAs run 64, and finalize ends 8.5 us after the score kernel instead of
+// 10.2 (docs/perf-notes.md, run AB4).
 constexpr int kRankTokens = 16;
 constexpr int kRankCtas = 16;
-constexpr int kRankKeys = 64;
-constexpr int kRankParts = kFinalizeThreads / kRankKeys;
-static_assert(kRankKeys % 32 == 0 && kRankKeys <= (1 << kBits), "whole warps of keys; their counts fit hist");
+constexpr int kRankFewTokens = 8;
+constexpr int kRankCtasFew = 32;
+static_assert(kRankFewTokens * kRankCtasFew <= 256 && kRankTokens * kRankCtas <= 256, "one wave");
+
+int rank_ctas(int tokens) { return tokens <= kRankFewTokens ? kRankCtasFew : tokens <= kRankTokens ? kRankCtas : 1; }
 
 // f(rank, key) for the keys s[pos[0 .. c)] of the m unique keys s[0 .. m),
 // rank = how many of s are above the key, over the CTA's threads (every
-// thread calls it; counts: kRankKeys words of shared memory). A warp's lanes
+// thread calls it; counts: kKeys words of shared memory). A warp's lanes
 // take 32 keys and the same part of s, so their loads of s broadcast.
-template <typename F>
+template <int kKeys, typename F>
 __device__ void rank_keys(const uint64_t* s, int m, const uint16_t* pos, int c, uint32_t* counts, int tid, F&& f) {
-  const int part_len = (m + kRankParts - 1) / kRankParts, part = tid / kRankKeys;
+  static_assert(kKeys % 32 == 0 && kKeys <= (1 << kBits), "whole warps of keys; their counts fit hist");
+  constexpr int kParts = kFinalizeThreads / kKeys;
+  const int part_len = (m + kParts - 1) / kParts, part = tid / kKeys;
   const int lo = min(m, part * part_len), hi = min(m, lo + part_len);
-  for (int j0 = 0; j0 < c; j0 += kRankKeys) {  // uniform
-    if (tid < kRankKeys) counts[tid] = 0;
+  for (int j0 = 0; j0 < c; j0 += kKeys) {  // uniform
+    if (tid < kKeys) counts[tid] = 0;
     __syncthreads();
-    const int j = j0 + tid % kRankKeys;
+    const int j = j0 + tid % kKeys;
     if (j < c) {
       const uint64_t key = s[pos[j]];
       uint32_t above = 0;
@@ -76,7 +86,7 @@ __device__ void rank_keys(const uint64_t* s, int m, const uint16_t* pos, int c, 
       atomicAdd(counts + (j - j0), above);
     }
     __syncthreads();
-    if (tid < kRankKeys && j0 + tid < c) f(counts[tid], s[pos[j0 + tid]]);
+    if (tid < kKeys && j0 + tid < c) f(counts[tid], s[pos[j0 + tid]]);
     __syncthreads();  // counts are read before the next keys zero them
   }
 }
@@ -224,9 +234,15 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
       warp_append(i < m && int(uint32_t(set[i]) % uint32_t(parts)) == cta, uint16_t(i), owned, &owned_count, lane);
     }
     __syncthreads();
-    rank_keys(set, m, owned, owned_count, hist, tid, [&](uint32_t rank, uint64_t key) {
+    auto f = [&](uint32_t rank, uint64_t key) {
       if (int(rank) < k) write(int(rank), key);
-    });
+    };
+    // About m / parts keys each: 32 at a time with 32 CTAs a token (1,024
+    // candidates: one round), else 64.
+    if (parts >= 32)
+      rank_keys<32>(set, m, owned, owned_count, hist, tid, f);
+    else
+      rank_keys<64>(set, m, owned, owned_count, hist, tid, f);
   } else {
     bitonic_sort_desc<kFinalizeThreads, kSortPer>(set, m, tid);
   }
@@ -240,7 +256,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
 }  // namespace
 
 void launch_finalize(const SelectArgs& a, cudaStream_t stream) {
-  const unsigned ctas = a.p.num_tokens <= kRankTokens ? kRankCtas : 1;
+  const unsigned ctas = unsigned(rank_ctas(a.p.num_tokens));
   pdl_launch(finalize_kernel, dim3(unsigned(a.p.num_tokens), ctas), kFinalizeThreads, 0, stream, a);
 }
 
