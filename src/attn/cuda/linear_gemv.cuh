@@ -20,9 +20,12 @@
 // where, so the decoders pair (4q, 4q+2) and (4q+1, 4q+3) and the activation
 // is stored in shared memory in the same pairing: word 2q and 2q+1 of a row.
 //
-// Split-K: with splits > 1 every CTA writes its partial tile to the workspace,
-// and the last CTA of a row block (arrival counter) sums the splits in the
-// fixed order 0..splits-1, writes the outputs and resets the counter.
+// Split-K: with 2, 4 or 8 splits whose clusters all fit at once, a row
+// block's splits are one cluster and each CTA sums its share of the token
+// rows over the cluster's tiles (DSMEM). Otherwise every CTA writes its
+// partial tile to the workspace, and the last CTA of a row block (arrival
+// counter) sums the splits, writes the outputs and resets the counter. Both
+// add the splits in the fixed order 0..splits-1 (the same bits).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +34,7 @@
 #include "attn/cuda/act_quant.cuh"
 #include "attn/cuda/linear_internal.h"
 #include "attn/cuda/pdl.cuh"
+#include "attn/cuda/ptx.cuh"
 #include "attn/cuda/q_head_norm_rope.cuh"
 #include "attn/cuda/warp.cuh"
 
@@ -233,12 +237,38 @@ __device__ __forceinline__ bool reduce_splits(const GemvArgs& a, float* ct, int 
   return true;
 }
 
-// Writes y (and q) from the finished tile ct.
-__device__ __forceinline__ void write_outputs(const GemvArgs& a, const float* ct) {
+// The cluster's sum of the splits (a.cluster_sum: the row block's splits
+// are one cluster along y, rank = split): this CTA sums token rows first,
+// first + splits, ... over every split's tile (DSMEM, split order from 0,
+// the bits of reduce_splits) into its own tile; every row has one owner, so
+// no tile row is both read remotely and written. Returns once no CTA reads
+// another's tile any more.
+__device__ __forceinline__ void sum_cluster_rows(const GemvArgs& a, float* ct, int first) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  cluster_sync();  // every split's tile is complete and visible
+  for (int r = first + a.splits * warp; r < a.m; r += a.splits * kGemvWarps) {
+    float* row = ct + r * kCtStride + 4 * lane;
+    const uint32_t at = smem_u32(row);
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int sp = 0; sp < a.splits; ++sp) {
+      float4 p;
+      asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w)
+                   : "r"(map_to_cta(at, uint32_t(sp))));
+      s.x += p.x, s.y += p.y, s.z += p.z, s.w += p.w;
+    }
+    *reinterpret_cast<float4*>(row) = s;
+  }
+  cluster_sync();  // no CTA leaves (or reuses its tile) while another reads it
+}
+
+// Writes y (and q) from the finished tile ct: token rows first, first + step, ...
+__device__ __forceinline__ void write_outputs(const GemvArgs& a, const float* ct, int first, int step) {
   const int64_t col0 = int64_t(blockIdx.x) * kGemvCtaRows;
   const int cols = int(a.n - col0 < kGemvCtaRows ? a.n - col0 : kGemvCtaRows);
-  for (int i = threadIdx.x; i < a.m * kGemvCtaRows; i += kGemvThreads) {
-    const int r = i >> 7, c = i & 127;
+  const int rows = first < a.m ? (a.m - first + step - 1) / step : 0;
+  for (int i = threadIdx.x; i < rows * kGemvCtaRows; i += kGemvThreads) {
+    const int r = first + step * (i >> 7), c = i & 127;
     if (c >= cols) continue;
     const float v = ct[r * kCtStride + c];
     if (a.y_f32)
@@ -248,7 +278,7 @@ __device__ __forceinline__ void write_outputs(const GemvArgs& a, const float* ct
   }
   if (a.quantize) {  // the host guarantees whole 128-column blocks
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int r = warp; r < a.m; r += kGemvWarps) {
+    for (int r = first + step * warp; r < a.m; r += step * kGemvWarps) {
       const float4 f = *reinterpret_cast<const float4*>(ct + r * kCtStride + 4 * lane);
       const float v[4] = {bf16_round(f.x), bf16_round(f.y), bf16_round(f.z), bf16_round(f.w)};
       store_act_block(a.q, r, int(blockIdx.x), v);
@@ -418,33 +448,67 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
 #pragma unroll
       for (int e = 0; e < 2; ++e) ct[(8 * j + 2 * t + e) * kCtStride + 16 * warp + g + 8 * h] = acc[j][2 * h + e];
   __syncthreads();
-  if (a.splits > 1 && !reduce_splits(a, ct, int(blockIdx.y), int(blockIdx.x), int(gridDim.x))) return;
-  write_outputs(a, ct);
+  if (a.cluster_sum) {  // each CTA of the cluster sums and writes its share of the rows
+    sum_cluster_rows(a, ct, int(blockIdx.y));
+    write_outputs(a, ct, int(blockIdx.y), a.splits);
+  } else {  // the last CTA of the row block to arrive sums and writes every row
+    if (a.splits > 1 && !reduce_splits(a, ct, int(blockIdx.y), int(blockIdx.x), int(gridDim.x))) return;
+    write_outputs(a, ct, 0, 1);
+  }
   if constexpr (W == GemvWeight::kFp8)
-    if (a.q_head.counters != nullptr) q_head_tail(a, int(blockIdx.x), 512 / kGemvCtaRows, smem);
+    if (a.q_head.counters != nullptr)
+      q_head_tail(a, int(blockIdx.x), unsigned(512 / kGemvCtaRows * (a.cluster_sum ? a.splits : 1)), smem);
 }
 
-// Launch of one instantiation (the host code checked the arguments).
+// Clusters of 2, 4 and 8 CTAs along y ([1 .. 3]) that an instantiation holds
+// resident at once with its largest shared-memory slice (gemv_configure_mt).
+template <GemvWeight W, int MT, int kCtasPerSm>
+inline int gemv_max_clusters[4] = {};
+
+// Launch of one instantiation (the host code checked the arguments). The
+// splits of a row block sum in a cluster where every row block's cluster
+// fits at once (a portable cluster: up to 8), else through the workspace.
+template <GemvWeight W, int MT, int kCtasPerSm>
+void gemv_launch_cps(GemvArgs a, int64_t nrb, size_t smem, cudaStream_t stream) {
+  const int ci = a.splits == 2 ? 1 : a.splits == 4 ? 2 : a.splits == 8 ? 3 : 0;
+  a.cluster_sum = ci > 0 && nrb <= gemv_max_clusters<W, MT, kCtasPerSm>[ci];
+  const dim3 grid(unsigned(nrb), unsigned(a.splits));
+  pdl_launch_clustered(gemv_kernel<W, MT, kCtasPerSm>, grid, kGemvThreads, smem, stream,
+                       dim3(1, a.cluster_sum ? unsigned(a.splits) : 1u), a);
+}
 template <GemvWeight W, int MT>
 void gemv_launch_mt(const GemvArgs& a, cudaStream_t stream) {
   const int64_t nrb = (a.n + kGemvCtaRows - 1) / kGemvCtaRows;
   size_t smem = gemv_smem_bytes<W>(8 * MT, a.k / a.splits);
   if (a.q_head.counters != nullptr) smem = std::max(smem, sizeof(QHeadSmem));
-  const dim3 grid(unsigned(nrb), unsigned(a.splits));
   if constexpr (MT == 1) {
     if (nrb * a.splits > int64_t(kGemvCtasPerSm<MT>) * device_sm_count()) {
-      pdl_launch(gemv_kernel<W, MT, kGemvDenseCtasPerSm>, grid, kGemvThreads, smem, stream, a);
+      gemv_launch_cps<W, MT, kGemvDenseCtasPerSm>(a, nrb, smem, stream);
       return;
     }
   }
-  pdl_launch(gemv_kernel<W, MT, kGemvCtasPerSm<MT>>, grid, kGemvThreads, smem, stream, a);
+  gemv_launch_cps<W, MT, kGemvCtasPerSm<MT>>(a, nrb, smem, stream);
 }
 
-// Allows the largest shared-memory slice this instantiation can be launched with.
+// Allows the largest shared-memory slice this instantiation can be launched
+// with, and counts its resident clusters at that slice.
 template <GemvWeight W, int MT, int kCtasPerSm = kGemvCtasPerSm<MT>>
 cudaError_t gemv_configure_mt() {
-  const size_t smem = gemv_smem_bytes<W>(8 * MT, gemv_max_cta_k(8 * MT));
-  return cudaFuncSetAttribute(gemv_kernel<W, MT, kCtasPerSm>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  size_t smem = gemv_smem_bytes<W>(8 * MT, gemv_max_cta_k(8 * MT));
+  if constexpr (W == GemvWeight::kFp8) smem = std::max(smem, sizeof(QHeadSmem));
+  auto* kernel = gemv_kernel<W, MT, kCtasPerSm>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  for (int i = 1; i < 4 && e == cudaSuccess; ++i) {
+    cudaLaunchAttribute attr = cluster_attribute(dim3(1, 1u << i));
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(1, 1u << i);
+    cfg.blockDim = dim3(kGemvThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    e = cudaOccupancyMaxActiveClusters(&gemv_max_clusters<W, MT, kCtasPerSm>[i], kernel, &cfg);
+  }
+  return e;
 }
 
 template <GemvWeight W>

@@ -59,6 +59,7 @@ struct GemvArgs {
   unsigned* counters = nullptr;      // splits > 1: gemv_counters(n) zeroed counters
   GemvQHeadTail q_head{};            // kFp8, bf16 y of whole heads, m <= kGemvQHeadRows
   bool global_sum = false;           // GEMM: splits summed through partials and counters, not in a cluster
+  bool cluster_sum = false;          // small-M kernel: splits summed in a cluster (set at its launch)
 };
 
 // Tokens per MMA tile column set: 8, 16, 32 or 64 (>= m).

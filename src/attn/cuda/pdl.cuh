@@ -36,23 +36,23 @@ __device__ __forceinline__ void pdl_start() {
   wait_for_prior_grids();
 }
 
-// The launch attribute for clusters of `cluster` CTAs along x (also what the
-// FP8 GEMM asks the occupancy API about, linear_gemm.cu).
-inline cudaLaunchAttribute cluster_attribute(int cluster) {
+// The launch attribute for clusters of `cluster` CTAs (an int: along x;
+// also what the linears ask the occupancy API about).
+inline cudaLaunchAttribute cluster_attribute(dim3 cluster) {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = unsigned(cluster);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
+  attr.val.clusterDim.x = cluster.x;
+  attr.val.clusterDim.y = cluster.y;
+  attr.val.clusterDim.z = cluster.z;
   return attr;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream
-// serialization allowed, its CTAs in clusters of `cluster` along x (1: no
-// clusters). Errors surface in the caller's cudaGetLastError().
+// serialization allowed, its CTAs in clusters of `cluster` (an int: along x;
+// 1: no clusters). Errors surface in the caller's cudaGetLastError().
 template <typename... Params, typename... Args>
 inline void pdl_launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                                 int cluster, Args&&... args) {
+                                 dim3 cluster, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -63,14 +63,14 @@ inline void pdl_launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 bloc
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   attr[1] = cluster_attribute(cluster);
   cfg.attrs = attr;
-  cfg.numAttrs = cluster > 1 ? 2 : 1;
+  cfg.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 2 : 1;
   cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 template <typename... Params, typename... Args>
 inline void pdl_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                        Args&&... args) {
-  pdl_launch_clustered(kernel, grid, block, smem, stream, 1, std::forward<Args>(args)...);
+  pdl_launch_clustered(kernel, grid, block, smem, stream, dim3(1), std::forward<Args>(args)...);
 }
 
 }  // namespace dsv4::cuda
