@@ -2,8 +2,10 @@
 """Reads a kernel timeline of one decode step (step_bench --trace CSV[.gz])
 and prints where a layer's time goes, per layer type.
 
-Layers are cut at the ends of residual_norm_kernel (the norm that starts each
-layer after the first); a layer with the indexer's score_kernel is C4A, one
+Layers are cut where the next one's input is ready: the end of wo_b (the
+first FP8 linear after wo_a's FP8 x bf16 one), or of the residual_norm_kernel
+that follows it on its stream where wo_b does not run the norm itself; the
+first cut is the step's first residual_norm_kernel. A layer with the indexer's score_kernel is C4A, one
 with a compressor (state_rows_kernel or rows_entries_kernel) but no scorer is C128A, the rest are
 SWA-only. For the median layer of each type it lists every kernel in start
 order with its end measured from the layer's start: with programmatic
@@ -31,16 +33,40 @@ def load(path):
     with opener(path, "rt") as f:
         rows = [
             {"s": int(r["start_ns"]), "e": int(r["end_ns"]), "stream": r["stream"], "ctas": int(r["ctas"]),
-             "k": base_name(r["kernel"])}
+             "k": base_name(r["kernel"]), "full": r["kernel"]}
             for r in csv.DictReader(f)
         ]
     return sorted(rows, key=lambda r: r["s"])
 
 
+def linear_kind(r):
+    """0: FP8 x FP8, 1: FP8 x bf16 (wo_a), None: not a linear's own kernel."""
+    if r["k"] not in ("gemm_kernel", "gemv_kernel"):
+        return None
+    m = re.search(r"GemvWeight\)(\d)|GemvWeight::(k\w+)", r["full"])
+    if not m:
+        return None
+    return int(m.group(1)) if m.group(1) else {"kFp8": 0, "kW8A16": 1, "kBf16": 2}.get(m.group(2))
+
+
+def cuts(rows):
+    out = [next(r["e"] for r in rows if r["k"] == "residual_norm_kernel")]
+    after_wo_a = False
+    for i, r in enumerate(rows):
+        kind = linear_kind(r)
+        if kind == 1:
+            after_wo_a = True
+        elif kind == 0 and after_wo_a:  # wo_b
+            after_wo_a = False
+            nxt = next((q for q in rows[i + 1:] if q["stream"] == r["stream"]), None)
+            out.append(nxt["e"] if nxt and nxt["k"] == "residual_norm_kernel" else r["e"])
+    return out
+
+
 def layers(rows):
-    cuts = [r["e"] for r in rows if r["k"] == "residual_norm_kernel"]
+    cut = cuts(rows)
     out = []
-    for a, b in zip(cuts, cuts[1:]):
+    for a, b in zip(cut, cut[1:]):
         ks = [r for r in rows if a < r["e"] <= b]  # a kernel belongs to the layer it ends in
         names = {r["k"] for r in ks}
         kind = "C4A" if "score_kernel" in names else ("C128A" if names & {"state_rows_kernel", "rows_entries_kernel"} else "SWA")

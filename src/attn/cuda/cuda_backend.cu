@@ -144,7 +144,7 @@ class CudaBackend final : public AttentionBackend {
     bufs_.one_token_per_run = decode;
     bind_lanes();
     prologue_done_ = false;
-    pending_y_ = false;
+    pending_y_ = normed_ = false;
     capturing_ = false;
     timed_ = false;
   }
@@ -189,15 +189,20 @@ class CudaBackend final : public AttentionBackend {
       prologue();
     }
     if (timed_) record(2 * layer);
-    cuda::ResidualNormParams r = residual_params(pending_y_);
-    if (in != LayerInput::kResidual) {  // the step's input as the layer's input
-      r.mode = cuda::ResidualMode::kLoad;
-      r.input = bufs_.h, r.input_ld = config_.hidden_size;
+    if (in != LayerInput::kResidual || !normed_) {  // else the previous layer's wo_b ran it
+      cuda::ResidualNormParams r = residual_params(pending_y_);
+      if (in != LayerInput::kResidual) {  // the step's input as the layer's input
+        r.mode = cuda::ResidualMode::kLoad;
+        r.input = bufs_.h, r.input_ld = config_.hidden_size;
+      }
+      cuda::residual_norm_cuda(r, stream_);
     }
-    r.x_fp8 = bufs_.x8;
-    cuda::residual_norm_cuda(r, stream_);
-    layers_[size_t(layer)]->forward(bufs_, capture);
-    pending_y_ = in == LayerInput::kResidual;
+    // kResidual: h += y and the next layer's input norm (what the next
+    // forward(kResidual) or end_layers would start with) in wo_b's kernel,
+    // where it fuses.
+    const cuda::ResidualNormParams next = residual_params(true);
+    normed_ = layers_[size_t(layer)]->forward(bufs_, capture, in == LayerInput::kResidual ? &next : nullptr);
+    pending_y_ = in == LayerInput::kResidual && !normed_;
     if (timed_) record(2 * layer + 1);
   }
 
@@ -348,7 +353,8 @@ class CudaBackend final : public AttentionBackend {
     pending_y_ = false;
   }
 
-  // h += y (when add_y: the previous layer's output), then x = RMSNorm(h).
+  // h += y (when add_y: the previous layer's output), then x = RMSNorm(h)
+  // as bf16 (the compressors' input) and FP8 (wq_a+wkv's).
   cuda::ResidualNormParams residual_params(bool add_y) const {
     cuda::ResidualNormParams r;
     r.mode = cuda::ResidualMode::kAddNorm;
@@ -359,6 +365,7 @@ class CudaBackend final : public AttentionBackend {
     r.y = add_y ? bufs_.y : nullptr, r.y_ld = config_.hidden_size;
     r.eps = float(config_.rms_norm_eps);
     r.x = bufs_.x, r.x_ld = config_.hidden_size;
+    r.x_fp8 = bufs_.x8;
     return r;
   }
 
@@ -400,7 +407,9 @@ class CudaBackend final : public AttentionBackend {
   float* host_io_ = nullptr;  // pinned: the step's input and output rows
   int first_layer_[kNumLayerTypes] = {-1, -1, -1};
   int real_ = 0, launched_ = 0, graph_key_ = 0;
-  bool prologue_done_ = false, pending_y_ = false, capturing_ = false;
+  // pending_y_: the last layer's y is not yet in h; normed_: it is, and x
+  // and x8 are the next layer's input (wo_b's residual tail ran).
+  bool prologue_done_ = false, pending_y_ = false, normed_ = false, capturing_ = false;
   std::map<std::pair<int, bool>, cudaGraphExec_t> graphs_;
   std::set<std::pair<int, bool>> seen_;
   std::vector<cudaEvent_t> events_, indexer_events_;

@@ -238,7 +238,7 @@ void CudaLayer::project_q_kv(StepBuffers& b) {
   }
   // q's per-head norm and RoPE: fused into wq_b's kernel where it can be (decode).
   const QHeadNormRopeParams heads{T, H, b.q, int64_t(H) * kKvDim, float(config_.rms_norm_eps), b.step.positions, &rope_};
-  if (!wq_b_.forward(b.cq8, b.q, int64_t(H) * kKvDim, b.linear(h), b.on(h), &heads))
+  if (!wq_b_.forward(b.cq8, b.q, int64_t(H) * kKvDim, b.linear(h), b.on(h), LinearTail{.q_head = &heads}))
     q_head_norm_rope_cuda(heads, b.on(h));
   if (h != Lane::kMain) lane_mark(b, h, LanePoint::kHeads);
 }
@@ -375,7 +375,7 @@ void CudaLayer::attend(StepBuffers& b, bool rotate_out) {
   b.attention->run(attention_params(b), b.stream, int(type_), rope);
 }
 
-void CudaLayer::project_out(StepBuffers& b, bool rotate_out) {
+bool CudaLayer::project_out(StepBuffers& b, bool rotate_out, const ResidualNormParams* then) {
   const int T = b.tokens, H = config_.num_heads;
   if (rotate_out)
     out_inverse_rope_cuda(OutInverseRopeParams{T, H, b.o, int64_t(H) * kKvDim, b.step.positions, &rope_}, b.stream);
@@ -389,7 +389,7 @@ void CudaLayer::project_out(StepBuffers& b, bool rotate_out) {
                        nullptr, b.linear(Lane::kMain), b.stream);
     quantize_act(b.u, u_cols, b.u8, b.stream);
   }
-  wo_b_.forward(b.u8, b.y, config_.hidden_size, b.linear(Lane::kMain), b.stream);
+  return wo_b_.forward(b.u8, b.y, config_.hidden_size, b.linear(Lane::kMain), b.stream, LinearTail{.residual = then});
 }
 
 // Reads back what the golden replay compares, after the attention and
@@ -426,8 +426,8 @@ void CudaLayer::read_back(const StepBuffers& b, LayerCapture& capture) const {
   }
 }
 
-void CudaLayer::forward(StepBuffers& b, LayerCapture* capture) {
-  if (b.tokens == 0) return;
+bool CudaLayer::forward(StepBuffers& b, LayerCapture* capture, const ResidualNormParams* then) {
+  if (b.tokens == 0) return false;
   compress(b);      // compressor lane
   project_q_kv(b);  // main lane, q's heads on theirs
   select(b);
@@ -438,7 +438,7 @@ void CudaLayer::forward(StepBuffers& b, LayerCapture* capture) {
   // except when the golden replay reads o back before it (then its own kernel).
   attend(b, /*rotate_out=*/capture == nullptr);
   if (capture) read_back(b, *capture);
-  project_out(b, /*rotate_out=*/capture != nullptr);
+  return project_out(b, /*rotate_out=*/capture != nullptr, then);
 }
 
 }  // namespace dsv4::cuda

@@ -50,8 +50,10 @@ class CudaLayer {
 
   // The layer on the step in `b` (its x and x8 are the input; y the output).
   // `capture` (golden replay): the stream is synchronised where a tensor
-  // must be read before a later op overwrites it.
-  void forward(StepBuffers& b, LayerCapture* capture);
+  // must be read before a later op overwrites it. `then` (optional): the
+  // residual add and norm that follow the layer (kAddNorm on y), run in
+  // wo_b's kernel where it can (Fp8Linear::fuses); returns whether it ran.
+  bool forward(StepBuffers& b, LayerCapture* capture, const ResidualNormParams* then = nullptr);
 
   // The sparse attention's call for this layer on the step in `b` (the
   // step's plan for a layer type is built from any layer of the type).
@@ -74,7 +76,8 @@ class CudaLayer {
   void compress(StepBuffers& b);
   void select(StepBuffers& b);
   void attend(StepBuffers& b, bool rotate_out);  // rotate_out: the output inverse RoPE fused in
-  void project_out(StepBuffers& b, bool rotate_out);  // rotate_out: the inverse RoPE first
+  // rotate_out: the inverse RoPE first; then: as forward's
+  bool project_out(StepBuffers& b, bool rotate_out, const ResidualNormParams* then);
   void mark(StepBuffers& b, int event) const;
   void read_back(const StepBuffers& b, LayerCapture& capture) const;  // golden replay: synchronises the stream
   Lane heads_lane() const;  // wq_b's lane: its own where the indexer runs beside it

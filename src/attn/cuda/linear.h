@@ -60,6 +60,19 @@ struct WeightMatrix;
 namespace dsv4::cuda {
 
 struct QHeadNormRopeParams;  // q_head_norm_rope.h
+struct ResidualNormParams;   // residual_norm.h
+
+// An op that Fp8Linear::forward can run on its output in its own kernel, so
+// that no launch (and no wait for one) comes between them. At most one.
+struct LinearTail {
+  // q's projection (wq_b): q_head_norm_rope_cuda(*q_head) on y, which must
+  // be its q (the rows, stride and heads).
+  const QHeadNormRopeParams* q_head = nullptr;
+  // The layer's last projection (wo_b): residual_norm_cuda(*residual) with y
+  // as its y (kAddNorm; the rows and dim of y): the residual add and the
+  // next layer's input norm.
+  const ResidualNormParams* residual = nullptr;
+};
 
 enum class LinearPath {
   kAuto,    // own kernel up to small_m_max rows, cuBLASLt above
@@ -117,6 +130,7 @@ struct LinearNeeds {
   size_t partial_bytes = 0;  // split-K partial sums of the own kernel
   int counters = 0;          // arrival counters: split-K (one per 128 weight rows), then the q-head tail's (one per 512)
   size_t scratch_bytes = 0;  // activation scales repacked for cuBLASLt, the FP8 input of fp8_input mode
+  size_t tail_bytes = 0;     // the residual tail's row sums and its barrier's generation word
 };
 
 class LinearWorkspace {
@@ -139,6 +153,7 @@ class LinearWorkspace {
   void check_covers(const LinearNeeds& need, const std::string& who) const;
   float* partials() const;
   unsigned* counters() const;
+  void* tail() const;  // tail_bytes, zeroed at construction
   void* scratch() const;
   void* cublas() const;
   size_t cublas_bytes() const;
@@ -162,16 +177,15 @@ class Fp8Linear {
   // y[r, c] (row stride ldy elements) = bf16(sum over 128-blocks kb of
   // (x8 . w8)_kb * sx(r, kb) * sw(c / 128, kb)), r < x.rows, c < out_features().
   // x.rows == 0 is a no-op.
-  // then_q_head (q's projection, wq_b): when fuses_q_head(x.rows), the same
-  // kernel then runs q_head_norm_rope_cuda(*then_q_head) on y (which must be
-  // its q, rows and heads), and forward() returns true; else it returns
-  // false and the caller runs that op.
+  // then: when fuses(then, x.rows), the same kernel then runs that op on y
+  // and forward() returns true; else it returns false and the caller runs it.
   bool forward(const Fp8Act& x, uint16_t* y, int64_t ldy, LinearWorkspace& ws, CUstream_st* stream,
-               const QHeadNormRopeParams* then_q_head = nullptr);
-  // Whether forward() fuses the q-head op for x.rows rows: the own GEMM or
-  // small-M kernel takes them all, at most 8, and the output is whole
-  // 512-column heads.
-  bool fuses_q_head(int rows) const;
+               const LinearTail& then = {});
+  // Whether forward() fuses `then` for `rows` rows: the own GEMM or small-M
+  // kernel takes them all, at most 8, and the output is whole 512-column
+  // heads (q-head) or whole 128-column blocks of at most 16384 (residual; a
+  // forced split's clusters must all fit at once).
+  bool fuses(const LinearTail& then, int rows) const;
 
   int64_t in_features() const;
   int64_t out_features() const;

@@ -6,6 +6,7 @@
 #include "attn/cuda/linear.h"
 #include "attn/cuda/linear_fp8_product.h"
 #include "attn/cuda/q_head_norm_rope.h"
+#include "attn/cuda/residual_norm.h"
 #include "common/error.h"
 #include "model/weights.h"
 #include "numerics/rope.h"
@@ -51,7 +52,7 @@ int Fp8Product::cublas_rows(const Fp8Act& x, const uint16_t* y, int64_t ldy, con
 
 void Fp8Product::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const LinearOptions& opt,
                          const LinearWorkspace& ws, float* repack, CUstream_st* stream, LinearRoute& route,
-                         const GemvQHeadTail* tail) {
+                         const GemvQHeadTail* q_head, const GemvResidualTail* residual) {
   route = LinearRoute{};
   route.rows = x.rows;
   if (x.rows == 0) return;
@@ -64,7 +65,8 @@ void Fp8Product::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const Linear
   a.x_scales = x.scales, a.x_scale_ld = x.scale_ld;
   a.y = y, a.ldy = ldy;
   a.forced_splits = opt.splits;
-  if (tail) a.q_head = *tail;
+  if (q_head) a.q_head = *q_head;
+  if (residual) a.residual = *residual;
   if (wants_gemm(opt, x.rows)) {
     run_gemm(a, x.rows, ws, stream, route);
     return;
@@ -124,9 +126,10 @@ Fp8Linear::Fp8Linear(Fp8Linear&&) noexcept = default;
 Fp8Linear& Fp8Linear::operator=(Fp8Linear&&) noexcept = default;
 
 bool Fp8Linear::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, LinearWorkspace& ws, CUstream_st* stream,
-                        const QHeadNormRopeParams* then_q_head) {
+                        const LinearTail& then) {
   const std::string who = "Fp8Linear";
   check_fp8_act(x, who);
+  DSV4_REQUIRE(!(then.q_head && then.residual), who + ": one tail at a time");
   if (x.rows == 0) {
     impl_->route = LinearRoute{};
     return false;
@@ -136,29 +139,50 @@ bool Fp8Linear::forward(const Fp8Act& x, uint16_t* y, int64_t ldy, LinearWorkspa
   DSV4_REQUIRE(y != nullptr && detail::aligned(y, 2), who + ": output is null or misaligned");
   DSV4_REQUIRE(ldy >= out_features(), who + ": output row stride smaller than the output columns");
   ws.check_covers(needs(x.rows), who);
-  detail::GemvQHeadTail tail;
-  const bool fuse = then_q_head && fuses_q_head(x.rows);
-  if (fuse) {
-    const QHeadNormRopeParams& q = *then_q_head;
+  const bool fuse = fuses(then, x.rows);
+  detail::GemvQHeadTail q_head;
+  if (fuse && then.q_head) {
+    const QHeadNormRopeParams& q = *then.q_head;
     check_q_head_norm_rope_params(q);
     DSV4_REQUIRE(q.q == y && q.q_ld == ldy && q.num_tokens == x.rows && int64_t(q.num_heads) * 512 == out_features(),
                  who + ": the q-head tail must run on this output: its rows, stride and heads");
-    tail.counters = ws.counters() + detail::gemv_counters(out_features());
-    tail.positions = q.positions;
-    tail.eps = q.eps;
-    tail.rope = q.rope->freqs();
+    q_head.counters = ws.counters() + detail::gemv_counters(out_features());
+    q_head.positions = q.positions;
+    q_head.eps = q.eps;
+    q_head.rope = q.rope->freqs();
+  }
+  detail::GemvResidualTail residual;
+  if (fuse && then.residual) {
+    const ResidualNormParams& r = *then.residual;
+    check_residual_norm_params(r);
+    DSV4_REQUIRE(r.mode == ResidualMode::kAddNorm && r.y == y && r.y_ld == ldy && r.num_tokens == x.rows &&
+                     r.dim == out_features(),
+                 who + ": the residual tail must add this output: kAddNorm with its rows, stride and columns");
+    residual.counter = ws.counters() + detail::gemv_residual_counter(out_features());
+    residual.generation = static_cast<unsigned*>(ws.tail());
+    residual.sums = reinterpret_cast<double*>(static_cast<char*>(ws.tail()) + detail::kGemvTailSumsAt);
+    residual.norm = r;
   }
   impl_->product->forward(x, y, ldy, impl_->options, ws, static_cast<float*>(ws.scratch()), stream, impl_->route,
-                          fuse ? &tail : nullptr);
+                          fuse && then.q_head ? &q_head : nullptr, fuse && then.residual ? &residual : nullptr);
   return fuse;
 }
 
-// The GEMM and the small-M kernel both have the tail; cuBLASLt has not
+// The GEMM and the small-M kernel both have the tails; cuBLASLt has not
 // (forward tries the GEMM first).
-bool Fp8Linear::fuses_q_head(int rows) const {
+bool Fp8Linear::fuses(const LinearTail& then, int rows) const {
   const LinearOptions& o = impl_->options;
-  return rows > 0 && rows <= detail::kGemvQHeadRows && detail::gemv_head_counters(out_features()) > 0 &&
-         (detail::wants_gemm(o, rows) || !detail::wants_cublas(o, rows));
+  const int64_t n = out_features();
+  const bool shape = then.q_head ? detail::gemv_head_counters(n) > 0
+                                 : then.residual != nullptr && detail::gemv_residual_tail_fits(n);
+  if (!shape || rows < 1 || rows > detail::kGemvTailRows) return false;
+  if (!detail::wants_gemm(o, rows)) return !detail::wants_cublas(o, rows);
+  // The residual tail's barrier needs every CTA that writes outputs resident
+  // at once; a forced split's clusters may not all fit (the small-M kernel
+  // and the GEMM's own choices only cluster what fits).
+  if (then.q_head) return true;
+  const detail::GemmSplit s = detail::gemm_choose_splits(detail::GemvWeight::kFp8, n, in_features(), rows, o.splits);
+  return s.global_sum || s.splits == 1 || n / detail::kGemvCtaRows <= detail::gemm_resident_clusters(rows, s.splits);
 }
 
 int64_t Fp8Linear::in_features() const { return impl_->w.cols; }

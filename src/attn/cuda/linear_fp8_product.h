@@ -18,11 +18,12 @@ class Fp8Product {
 
   // y (bf16, row stride ldy) for rows [0, x.rows); x checked by the caller.
   // repack: scratch for the activation scales in cuBLASLt's layout
-  // (repack_floats(x.rows) floats, 16-byte aligned). tail: the q-head tail
-  // of the GEMM or the small-M kernel (the caller checked that every row
-  // takes one of them).
+  // (repack_floats(x.rows) floats, 16-byte aligned). q_head, residual: a
+  // tail of the GEMM or the small-M kernel (at most one; the caller checked
+  // that every row takes one of them).
   void forward(const Fp8Act& x, uint16_t* y, int64_t ldy, const LinearOptions& opt, const LinearWorkspace& ws,
-               float* repack, CUstream_st* stream, LinearRoute& route, const GemvQHeadTail* tail = nullptr);
+               float* repack, CUstream_st* stream, LinearRoute& route, const GemvQHeadTail* q_head = nullptr,
+               const GemvResidualTail* residual = nullptr);
 
   LinearNeeds needs(int max_m, int forced_splits) const;  // scratch_bytes: the repack buffer
   int64_t repack_floats(int m) const { return int64_t(groups_) * (w_->cols / 128) * m; }

@@ -45,7 +45,10 @@
 // went 1.10e-2 -> 6.9e-3, docs/perf-notes.md runs T1-T2).
 //
 // Up to 8 rows it can end with wq_b's q-head tail (GemvQHeadTail, as the
-// small-M kernel does): the last CTA to write a head norms and rotates it.
+// small-M kernel does): the last CTA to write a head norms and rotates it;
+// or with wo_b's residual tail (GemvResidualTail): the residual add and the
+// next layer's norm, by the CTAs that wrote the output, after a barrier
+// among them.
 //
 // wo_a (kW8A16: FP8 weight x bf16 activation, up to 32 rows) runs the same
 // ring with a bf16 activation tile and bf16 wgmmas whose A comes from
@@ -98,8 +101,8 @@ struct GemmTile {
   static constexpr size_t kSmemBytes = 1024 + size_t(kStages) * kStageBytes + size_t(kStages) * (kXScales + 1) * 4;
   static_assert(kStages >= 4, "three stages in flight");
   static_assert(NT * kCtStride * 4 <= kStages * kStageBytes, "the output tile reuses the ring");
-  // The q-head tail (up to kGemvQHeadRows tokens) runs on 256 threads in the ring.
-  static constexpr bool kQHeadTail = !kBf16X && NT <= kGemvQHeadRows;
+  // The tails (up to kGemvTailRows tokens) run on 256 threads in the ring.
+  static constexpr bool kTails = !kBf16X && NT <= kGemvTailRows;
   // Independent accumulator chains per 128-k block: FP8 tiles of up to 16
   // tokens promote every 32 k; bf16 ones of up to 16 alternate two chains of
   // four wgmmas (half the dependent latency; 32 tokens keep one: 120 of
@@ -108,7 +111,8 @@ struct GemmTile {
   // kW8A16: 4-byte activation pairs per thread and stage (64 a token row).
   static constexpr int kPairCopies = kBf16X ? NT * 64 / kThreads : 0;
   static_assert(kPairCopies * kThreads == (kBf16X ? NT * 64 : 0), "whole token rows per pass");
-  static_assert(!kQHeadTail || (kThreads == kQHeadThreads && sizeof(QHeadSmem) <= kStages * kStageBytes));
+  static_assert(!kTails || (kThreads == kQHeadThreads && sizeof(QHeadSmem) <= kStages * kStageBytes &&
+                            kResidualTailSmem <= kStages * kStageBytes));
 };
 
 // Sums token row t's 128 columns over the cluster's S tiles (split order)
@@ -119,19 +123,7 @@ template <bool kMayQuantize>
 __device__ __forceinline__ void write_row(const GemvArgs& a, uint32_t ct, int t, int lane, int splits, int cols) {
   const int c = 4 * lane;
   if (c >= cols) return;
-  const uint32_t at = ct + uint32_t(t * kCtStride + c) * 4;
-  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int sp = 0; sp < splits; ++sp) {
-    float4 p;
-    if (splits == 1) {
-      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w) : "r"(at));
-    } else {
-      asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w)
-                   : "r"(map_to_cta(at, uint32_t(sp))));
-    }
-    v.x += p.x, v.y += p.y, v.z += p.z, v.w += p.w;
-  }
+  const float4 v = cluster_sum4(ct + uint32_t(t * kCtStride + c) * 4, splits);
   uint16_t* y = static_cast<uint16_t*>(a.y) + int64_t(t) * a.ldy + int64_t(blockIdx.y) * kGemvCtaRows + c;
   const uint16_t b[4] = {bf16_store(v.x), bf16_store(v.y), bf16_store(v.z), bf16_store(v.w)};
   if (c + 4 <= cols && (reinterpret_cast<uintptr_t>(y) & 7) == 0) {
@@ -365,16 +357,14 @@ __global__ void __launch_bounds__(GemmTile<NT, W>::kThreads, GemmTile<NT, W>::kC
     if (a.global_sum) {  // the last CTA of the row block to arrive sums the splits and writes every row
       if (splits > 1 && !reduce_splits(a, ct, int(blockIdx.x), int(blockIdx.y), int(gridDim.y))) return;
       for (int t = tid >> 5; t < a.m; t += Tile::kThreads / 32) write_row<Tile::kBf16X>(a, ring, t, tid & 31, 1, cols);
-      if constexpr (Tile::kQHeadTail)
-        if (a.q_head.counters != nullptr) q_head_tail(a, int(blockIdx.y), unsigned(512 / kGemvCtaRows), smem);
+      if constexpr (Tile::kTails) run_tail(a, int(blockIdx.y), int(gridDim.y), 1, 0, 1, smem);
       return;
     }
   }
   for (int t = int(blockIdx.x) + splits * (tid >> 5); t < a.m; t += splits * (Tile::kThreads / 32))
     write_row<Tile::kBf16X>(a, ring, t, tid & 31, splits, cols);
   if (in_cluster) cluster_sync();  // no CTA leaves while another reads its tile
-  if constexpr (Tile::kQHeadTail)
-    if (a.q_head.counters != nullptr) q_head_tail(a, int(blockIdx.y), unsigned(512 / kGemvCtaRows * splits), smem);
+  if constexpr (Tile::kTails) run_tail(a, int(blockIdx.y), int(gridDim.y), splits, int(blockIdx.x), splits, smem);
 }
 
 template <int NT, GemvWeight W>
@@ -404,16 +394,9 @@ cudaError_t gemm_configure_nt() {
   cudaError_t e =
       cudaFuncSetAttribute(gemm_kernel<NT, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmemBytes));
   if constexpr (W == GemvWeight::kFp8) {
-    for (int i = 0; i < 4 && e == cudaSuccess; ++i) {
-      cudaLaunchAttribute attr = cluster_attribute(1 << i);
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(1u << i, 1, 1);
-      cfg.blockDim = dim3(Tile::kThreads, 1, 1);
-      cfg.dynamicSmemBytes = Tile::kSmemBytes;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      e = cudaOccupancyMaxActiveClusters(&g_max_clusters[tile_index(NT)][i], gemm_kernel<NT, W>, &cfg);
-    }
+    for (int i = 0; i < 4 && e == cudaSuccess; ++i)
+      e = max_active_clusters(gemm_kernel<NT, W>, dim3(1u << i), Tile::kThreads, Tile::kSmemBytes,
+                              &g_max_clusters[tile_index(NT)][i]);
   }
   return e;
 }
@@ -473,8 +456,7 @@ int gemm_resident_clusters(int m, int splits) {
   DSV4_REQUIRE(m >= 1 && m <= kGemmMaxRows && (splits == 1 || splits == 2 || splits == 4 || splits == 8),
                "linear (cuda): resident clusters are known for 1-128 rows and 1, 2, 4 or 8 splits");
   gemv_prepare();  // fills g_max_clusters
-  const int i = splits == 1 ? 0 : splits == 2 ? 1 : splits == 4 ? 2 : 3;
-  return g_max_clusters[tile_index(m)][i];
+  return g_max_clusters[tile_index(m)][cluster_size_index(splits)];
 }
 
 cudaError_t gemm_configure() {
@@ -501,6 +483,9 @@ void gemm_launch(const GemvArgs& a, CUstream_st* stream) {
                "linear (cuda): the wgmma GEMM quantizes only FP8 x bf16 outputs of whole 128-column blocks");
   DSV4_REQUIRE(a.q_head.counters == nullptr || (fp8 && a.m <= kGemvQHeadRows && a.n % 512 == 0),
                "linear (cuda): the FP8 GEMM's q-head tail takes whole heads of up to 8 rows");
+  DSV4_REQUIRE(!(a.q_head.counters && a.residual.counter), "linear (cuda): one tail per launch");
+  DSV4_REQUIRE(a.residual.counter == nullptr || (fp8 && a.m <= kGemvTailRows && gemv_residual_tail_fits(a.n)),
+               "linear (cuda): the FP8 GEMM's residual tail takes whole 128-column blocks of up to 8 rows");
   DSV4_REQUIRE(!a.global_sum || (fp8 && a.m <= kGemmGlobalSumRows && a.partials && a.counters),
                "linear (cuda): the GEMM sums splits through the workspace only for FP8 rows of up to 8, with partials "
                "and counters");

@@ -73,6 +73,11 @@ size_t gemv_partial_floats(int64_t n, int m, int splits) {
 
 int gemv_counters(int64_t n) { return int((n + kGemvCtaRows - 1) / kGemvCtaRows); }
 int gemv_head_counters(int64_t n) { return n % 512 == 0 ? int(n / 512) : 0; }
+bool gemv_residual_tail_fits(int64_t n) { return n % kGemvCtaRows == 0 && n <= kResidualMaxDim; }
+int gemv_residual_counter(int64_t n) { return gemv_counters(n) + gemv_head_counters(n); }
+size_t gemv_residual_tail_bytes(int64_t n) {
+  return kGemvTailSumsAt + size_t(kGemvTailRows) * size_t(n / kGemvCtaRows) * sizeof(double);
+}
 
 void gemv_prepare() {
   static std::once_flag once;
@@ -88,6 +93,11 @@ void gemv_prepare() {
 
 void gemv_launch(const GemvArgs& a, CUstream_st* stream) {
   gemv_prepare();
+  DSV4_REQUIRE(!(a.q_head.counters && a.residual.counter), "linear (cuda): one tail per launch");
+  DSV4_REQUIRE(!a.residual.counter || (a.kind == GemvWeight::kFp8 && !a.y_f32 && a.m <= kGemvTailRows &&
+                                       gemv_residual_tail_fits(a.n)),
+               "linear (cuda): the residual tail takes FP8 products of up to 8 rows to bf16 whole 128-column blocks "
+               "of at most " + std::to_string(kResidualMaxDim) + " columns");
   switch (a.kind) {
     case GemvWeight::kFp8: gemv_launch_fp8(a, stream); break;
     case GemvWeight::kW8A16: gemv_launch_w8a16(a, stream); break;

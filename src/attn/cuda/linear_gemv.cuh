@@ -36,6 +36,7 @@
 #include "attn/cuda/pdl.cuh"
 #include "attn/cuda/ptx.cuh"
 #include "attn/cuda/q_head_norm_rope.cuh"
+#include "attn/cuda/residual_rows.cuh"
 #include "attn/cuda/warp.cuh"
 
 namespace dsv4::cuda::detail {
@@ -248,16 +249,7 @@ __device__ __forceinline__ void sum_cluster_rows(const GemvArgs& a, float* ct, i
   cluster_sync();  // every split's tile is complete and visible
   for (int r = first + a.splits * warp; r < a.m; r += a.splits * kGemvWarps) {
     float* row = ct + r * kCtStride + 4 * lane;
-    const uint32_t at = smem_u32(row);
-    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int sp = 0; sp < a.splits; ++sp) {
-      float4 p;
-      asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w)
-                   : "r"(map_to_cta(at, uint32_t(sp))));
-      s.x += p.x, s.y += p.y, s.z += p.z, s.w += p.w;
-    }
-    *reinterpret_cast<float4*>(row) = s;
+    *reinterpret_cast<float4*>(row) = cluster_sum4(smem_u32(row), a.splits);
   }
   cluster_sync();  // no CTA leaves (or reuses its tile) while another reads it
 }
@@ -304,6 +296,71 @@ __device__ __forceinline__ void q_head_tail(const GemvArgs& a, int row_block, un
       *reinterpret_cast<QHeadSmem*>(smem));
   if (threadIdx.x == 0) a.q_head.counters[head] = 0;  // ready for the next call
 }
+
+// A barrier among `total` CTAs of the launch, each arriving once (they must
+// all be resident, or become so while the others wait): the last to arrive
+// resets the counter and moves the generation on from `gen` (read before
+// the arrival), the others wait for that. The arrivals are acq_rel and the
+// generation's store a release, so every CTA's writes before its arrival
+// are visible to every CTA after it.
+__device__ __forceinline__ void writers_barrier(unsigned* counter, unsigned* generation, unsigned gen,
+                                                unsigned total) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(before) : "l"(counter) : "memory");
+    if (before == total - 1) {  // nobody reads the counter any more: ready for the next call
+      *counter = 0;
+      asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(generation), "r"(gen + 1) : "memory");
+    } else {
+      unsigned now = gen;
+      while (now == gen) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(now) : "l"(generation) : "memory");
+    }
+  }
+  __syncthreads();
+}
+
+// The residual tail (GemvResidualTail) in a CTA that wrote token rows first,
+// first + step, ... of row block rb (of nrb; `writers` CTAs wrote outputs):
+// warp w takes row first + step w (one at most: up to kGemvTailRows rows),
+// adds y to h and leaves the block's sum of squares, then after the barrier
+// scales its values, still in registers, by the norm from the row's sums in
+// block order. smem: nrb doubles a row.
+static_assert(kGemvTailRows <= kGemvWarps, "the residual tail: one row a warp");
+__device__ __forceinline__ void residual_tail(const GemvArgs& a, int rb, int nrb, int first, int step,
+                                              unsigned writers, void* smem) {
+  const GemvResidualTail& rt = a.residual;
+  const ResidualNormParams& p = rt.norm;
+  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  const int t = first + step * warp;
+  const bool mine = t < p.num_tokens, real = t < residual_real_rows(p);
+  unsigned gen = 0;  // relaxed: the arrival's release orders it first; it flies with the loads below
+  if (threadIdx.x == 0) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(gen) : "l"(rt.generation) : "memory");
+  __syncthreads();  // the CTA's writes of y are visible to all its threads
+  float4 h = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (real) {
+    h = residual_block_in(p, t, rb);
+    const double s = residual_block_squares(h);
+    if (lane == 0) __stcg(rt.sums + t * nrb + rb, s);
+  }
+  writers_barrier(rt.counter, rt.generation, gen, writers);
+  double* red = static_cast<double*>(smem) + warp * nrb;
+  if (real)
+    for (int b = lane; b < nrb; b += 32) red[b] = __ldcg(rt.sums + t * nrb + b);
+  __syncwarp();
+  if (mine) residual_block_out(p, t, rb, h, real ? residual_row_inv(p, red) : 0.0f, real);
+}
+
+// The tail the launch asks for (at most one), after this CTA's outputs:
+// token rows first, first + step, ... of row block rb (of nrb), each row
+// block written by `writers` CTAs (1, or its cluster's).
+__device__ __forceinline__ void run_tail(const GemvArgs& a, int rb, int nrb, int writers, int first, int step,
+                                         void* smem) {
+  if (a.q_head.counters != nullptr) q_head_tail(a, rb, unsigned(512 / kGemvCtaRows * writers), smem);
+  if (a.residual.counter != nullptr) residual_tail(a, rb, nrb, first, step, unsigned(nrb * writers), smem);
+}
+// Shared memory of the residual tail: the row sums of up to kGemvTailRows rows.
+inline constexpr size_t kResidualTailSmem = size_t(kGemvTailRows) * (kResidualMaxDim / kGemvCtaRows) * sizeof(double);
 
 // CTAs per SM the kernel is compiled for: 2 (at MT <= 4 it takes the 128
 // registers that allows, ptxas -v), or for decode rows on a grid of more
@@ -455,9 +512,10 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
     if (a.splits > 1 && !reduce_splits(a, ct, int(blockIdx.y), int(blockIdx.x), int(gridDim.x))) return;
     write_outputs(a, ct, 0, 1);
   }
-  if constexpr (W == GemvWeight::kFp8)
-    if (a.q_head.counters != nullptr)
-      q_head_tail(a, int(blockIdx.x), unsigned(512 / kGemvCtaRows * (a.cluster_sum ? a.splits : 1)), smem);
+  if constexpr (W == GemvWeight::kFp8) {
+    if (a.cluster_sum) run_tail(a, int(blockIdx.x), int(gridDim.x), a.splits, int(blockIdx.y), a.splits, smem);
+    else run_tail(a, int(blockIdx.x), int(gridDim.x), 1, 0, 1, smem);
+  }
 }
 
 // Clusters of 2, 4 and 8 CTAs along y ([1 .. 3]) that an instantiation holds
@@ -470,7 +528,7 @@ inline int gemv_max_clusters[4] = {};
 // fits at once (a portable cluster: up to 8), else through the workspace.
 template <GemvWeight W, int MT, int kCtasPerSm>
 void gemv_launch_cps(GemvArgs a, int64_t nrb, size_t smem, cudaStream_t stream) {
-  const int ci = a.splits == 2 ? 1 : a.splits == 4 ? 2 : a.splits == 8 ? 3 : 0;
+  const int ci = cluster_size_index(a.splits);
   a.cluster_sum = ci > 0 && nrb <= gemv_max_clusters<W, MT, kCtasPerSm>[ci];
   const dim3 grid(unsigned(nrb), unsigned(a.splits));
   pdl_launch_clustered(gemv_kernel<W, MT, kCtasPerSm>, grid, kGemvThreads, smem, stream,
@@ -481,6 +539,7 @@ void gemv_launch_mt(const GemvArgs& a, cudaStream_t stream) {
   const int64_t nrb = (a.n + kGemvCtaRows - 1) / kGemvCtaRows;
   size_t smem = gemv_smem_bytes<W>(8 * MT, a.k / a.splits);
   if (a.q_head.counters != nullptr) smem = std::max(smem, sizeof(QHeadSmem));
+  if (a.residual.counter != nullptr) smem = std::max(smem, size_t(a.m) * size_t(nrb) * sizeof(double));
   if constexpr (MT == 1) {
     if (nrb * a.splits > int64_t(kGemvCtasPerSm<MT>) * device_sm_count()) {
       gemv_launch_cps<W, MT, kGemvDenseCtasPerSm>(a, nrb, smem, stream);
@@ -495,19 +554,11 @@ void gemv_launch_mt(const GemvArgs& a, cudaStream_t stream) {
 template <GemvWeight W, int MT, int kCtasPerSm = kGemvCtasPerSm<MT>>
 cudaError_t gemv_configure_mt() {
   size_t smem = gemv_smem_bytes<W>(8 * MT, gemv_max_cta_k(8 * MT));
-  if constexpr (W == GemvWeight::kFp8) smem = std::max(smem, sizeof(QHeadSmem));
+  if constexpr (W == GemvWeight::kFp8) smem = std::max({smem, sizeof(QHeadSmem), kResidualTailSmem});
   auto* kernel = gemv_kernel<W, MT, kCtasPerSm>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  for (int i = 1; i < 4 && e == cudaSuccess; ++i) {
-    cudaLaunchAttribute attr = cluster_attribute(dim3(1, 1u << i));
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(1, 1u << i);
-    cfg.blockDim = dim3(kGemvThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    e = cudaOccupancyMaxActiveClusters(&gemv_max_clusters<W, MT, kCtasPerSm>[i], kernel, &cfg);
-  }
+  for (int i = 1; i < 4 && e == cudaSuccess; ++i)
+    e = max_active_clusters(kernel, dim3(1, 1u << i), kGemvThreads, smem, &gemv_max_clusters<W, MT, kCtasPerSm>[i]);
   return e;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "attn/cuda/fp8_act.h"
+#include "attn/cuda/residual_norm.h"
 #include "numerics/rope.h"
 
 struct CUstream_st;
@@ -34,6 +35,29 @@ struct GemvQHeadTail {
   RopeFreqs rope;                      // the layer's RoPE frequencies
 };
 
+// The fused tail of wo_b (Fp8Linear::forward with a ResidualNormParams):
+// residual_norm (kAddNorm, its y this launch's output: h += y, then the next
+// layer's input x = RMSNorm(h)) run by the CTAs that wrote the output, each
+// on its own rows and 128 columns. They add y to h and leave each row's sum
+// of squares over their columns in `sums`, wait for one another (a barrier
+// among them: they are all resident, gemv_residual_tail_fits), then scale
+// their columns by the norm from the sums of the row's blocks in order
+// (residual_rows.cuh: the bits of residual_norm_cuda). Off while counter is
+// null. Up to kGemvTailRows rows.
+inline constexpr int kGemvTailRows = kGemvQHeadRows;  // both tails: one CTA's rows
+struct GemvResidualTail {
+  unsigned* counter = nullptr;     // zeroed arrival counter, reset by the last to arrive
+  unsigned* generation = nullptr;  // the barrier's generation (the workspace's, never reset)
+  double* sums = nullptr;          // [kGemvTailRows][n / 128] row sums of squares by column block
+  ResidualNormParams norm{};       // norm.y == the launch's y
+};
+
+// Where splits of 1, 2, 4 and 8 CTAs sit in per-cluster-size tables (0 .. 3;
+// -1 for any other split).
+constexpr int cluster_size_index(int splits) {
+  return splits == 1 ? 0 : splits == 2 ? 1 : splits == 4 ? 2 : splits == 8 ? 3 : -1;
+}
+
 // One launch of the small-M kernel: y[r, c] = sum_k x[r, g * k + kk] w[c, kk]
 // for r < m, c < n, where g = c / group_rows (one group unless grouped).
 struct GemvArgs {
@@ -58,6 +82,7 @@ struct GemvArgs {
   float* partials = nullptr;         // splits > 1: gemv_partial_floats(n, m, splits) floats
   unsigned* counters = nullptr;      // splits > 1: gemv_counters(n) zeroed counters
   GemvQHeadTail q_head{};            // kFp8, bf16 y of whole heads, m <= kGemvQHeadRows
+  GemvResidualTail residual{};       // kFp8, bf16 y, m <= kGemvTailRows (not with q_head)
   bool global_sum = false;           // GEMM: splits summed through partials and counters, not in a cluster
   bool cluster_sum = false;          // small-M kernel: splits summed in a cluster (set at its launch)
 };
@@ -72,6 +97,15 @@ size_t gemv_partial_floats(int64_t n, int m, int splits);
 int gemv_counters(int64_t n);
 // Counters of the q-head tail (one per 512 columns), after gemv_counters(n).
 int gemv_head_counters(int64_t n);
+// Whether an FP8 output of n columns can take the residual tail (at most
+// 128 row blocks: unsplit, every CTA waits at the tail's barrier, and 128
+// fit at once at the 2-3 CTAs an SM of up to 8 rows), and where its counter
+// is (after the q-head tail's).
+bool gemv_residual_tail_fits(int64_t n);
+int gemv_residual_counter(int64_t n);
+// Workspace tail bytes it needs: the generation word, then the sums.
+inline constexpr size_t kGemvTailSumsAt = 256;
+size_t gemv_residual_tail_bytes(int64_t n);
 // Allows the kernels' shared memory (once per process; call before any
 // stream capture).
 void gemv_prepare();

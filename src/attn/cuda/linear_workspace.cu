@@ -18,7 +18,7 @@ struct LinearWorkspace::Impl {
   detail::DeviceMem mem;
   LinearNeeds have;
   size_t cublas_bytes = 0;
-  size_t counters_at = 0, partials_at = 0, scratch_at = 0, cublas_at = 0;
+  size_t counters_at = 0, tail_at = 0, partials_at = 0, scratch_at = 0, cublas_at = 0;
   char* at(size_t offset) const { return static_cast<char*>(mem.get()) + offset; }
 };
 
@@ -28,14 +28,14 @@ LinearWorkspace::LinearWorkspace(std::span<const LinearNeeds> needs, size_t cubl
   for (const LinearNeeds& n : needs) im.have = detail::max_needs(im.have, n);
   im.cublas_bytes = cublas_bytes;
   im.counters_at = 0;
-  im.partials_at = align256(size_t(im.have.counters) * sizeof(unsigned));
+  im.tail_at = align256(size_t(im.have.counters) * sizeof(unsigned));
+  im.partials_at = im.tail_at + align256(im.have.tail_bytes);
   im.scratch_at = im.partials_at + align256(im.have.partial_bytes);
   im.cublas_at = im.scratch_at + align256(im.have.scratch_bytes);
   const size_t total = im.cublas_at + align256(cublas_bytes);
   im.mem = detail::DeviceMem(total);
-  if (im.have.counters > 0)
-    detail::check_cuda(cudaMemset(im.mem.get(), 0, size_t(im.have.counters) * sizeof(unsigned)),
-                       "clearing the split-K counters");
+  if (im.partials_at > 0)  // the counters and the tail's words start at zero
+    detail::check_cuda(cudaMemset(im.mem.get(), 0, im.partials_at), "clearing the split-K counters");
 }
 
 LinearWorkspace::~LinearWorkspace() = default;
@@ -48,12 +48,13 @@ void LinearWorkspace::check_covers(const LinearNeeds& need, const std::string& w
   DSV4_REQUIRE(need.max_m <= h.max_m, who + ": " + std::to_string(need.max_m) +
                                            " rows exceed the workspace's max_m of " + std::to_string(h.max_m));
   DSV4_REQUIRE(need.partial_bytes <= h.partial_bytes && need.counters <= h.counters &&
-                    need.scratch_bytes <= h.scratch_bytes,
+                    need.scratch_bytes <= h.scratch_bytes && need.tail_bytes <= h.tail_bytes,
                 who + ": the workspace was not sized for this linear (build it from this linear's needs())");
 }
 
 float* LinearWorkspace::partials() const { return reinterpret_cast<float*>(impl_->at(impl_->partials_at)); }
 unsigned* LinearWorkspace::counters() const { return reinterpret_cast<unsigned*>(impl_->at(impl_->counters_at)); }
+void* LinearWorkspace::tail() const { return impl_->at(impl_->tail_at); }
 void* LinearWorkspace::scratch() const { return impl_->at(impl_->scratch_at); }
 void* LinearWorkspace::cublas() const { return impl_->at(impl_->cublas_at); }
 size_t LinearWorkspace::cublas_bytes() const { return impl_->cublas_bytes; }
@@ -102,6 +103,7 @@ LinearNeeds max_needs(const LinearNeeds& a, const LinearNeeds& b) {
   r.partial_bytes = std::max(a.partial_bytes, b.partial_bytes);
   r.counters = std::max(a.counters, b.counters);
   r.scratch_bytes = std::max(a.scratch_bytes, b.scratch_bytes);
+  r.tail_bytes = std::max(a.tail_bytes, b.tail_bytes);
   return r;
 }
 
@@ -122,8 +124,13 @@ LinearNeeds gemv_needs(GemvWeight kind, int64_t n, int64_t k, int max_m, int for
       nd.counters = std::max(nd.counters, gemv_counters(n));
     }
   }
-  if (kind == GemvWeight::kFp8 && gemv_head_counters(n) > 0)  // Fp8Linear's q-head tail
-    nd.counters = gemv_counters(n) + gemv_head_counters(n);
+  if (kind == GemvWeight::kFp8) {  // Fp8Linear's tails: the q-head one's counters, then the residual one's
+    if (gemv_head_counters(n) > 0) nd.counters = gemv_counters(n) + gemv_head_counters(n);
+    if (gemv_residual_tail_fits(n)) {
+      nd.counters = gemv_residual_counter(n) + 1;
+      nd.tail_bytes = gemv_residual_tail_bytes(n);
+    }
+  }
   return nd;
 }
 

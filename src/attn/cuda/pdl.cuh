@@ -47,6 +47,21 @@ inline cudaLaunchAttribute cluster_attribute(dim3 cluster) {
   return attr;
 }
 
+// How many clusters of `cluster` CTAs (of `threads` threads and `smem`
+// bytes of dynamic shared memory) of `kernel` the device holds resident at
+// once, into *count: what the linears choose their splits of k by.
+template <typename Kernel>
+inline cudaError_t max_active_clusters(Kernel kernel, dim3 cluster, unsigned threads, size_t smem, int* count) {
+  cudaLaunchAttribute attr = cluster_attribute(cluster);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = cluster;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaOccupancyMaxActiveClusters(count, kernel, &cfg);
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream
 // serialization allowed, its CTAs in clusters of `cluster` (an int: along x;
 // 1: no clusters). Errors surface in the caller's cudaGetLastError().

@@ -2,71 +2,56 @@
 // 16 warps; warp w holds the 128-wide blocks w, w + warps, ... (4 elements per
 // lane and block, at most kBlocks blocks per warp: an instantiation per bound
 // keeps registers low enough for two CTAs of 512 threads per SM) in registers
-// between the sum of squares and the stores.
+// between the sum of squares and the stores. The blocks' pieces are
+// residual_rows.cuh's, which wo_b's residual tail runs too.
 #include "attn/cuda/residual_norm.h"
 
 #include <algorithm>
 #include <string>
 
-#include "attn/cuda/act_quant.cuh"
-#include "attn/cuda/fused_common.cuh"
 #include "attn/cuda/pdl.cuh"
+#include "attn/cuda/residual_rows.cuh"
 
 namespace dsv4::cuda {
 namespace {
 
 constexpr int kMaxWarps = 16;
-constexpr int kMaxBlocks = 8;                        // per warp
-constexpr int kMaxDim = kMaxWarps * kMaxBlocks * 128;  // 16384
+constexpr int kMaxBlocks = 8;  // per warp
+constexpr int kMaxDim = kResidualMaxDim;
+static_assert(kMaxDim == kMaxWarps * kMaxBlocks * 128);
 
 int warps_for(int dim) { return std::min(kMaxWarps, dim / 128); }
 
 template <int kBlocks>
 __global__ void __launch_bounds__(kMaxWarps * 32, 2) residual_norm_kernel(const ResidualNormParams p) {
-  __shared__ double red[kMaxWarps];
-  const int t = blockIdx.x, warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  __shared__ double red[kMaxDim / 128];  // the row's block sums
+  const int t = blockIdx.x, warp = int(threadIdx.x >> 5);
   const int warps = int(blockDim.x >> 5), blocks = p.dim / 128;
-  const bool real = !p.num_real_tokens || t < __ldg(p.num_real_tokens);  // step metadata: before the wait
+  const bool real = t < residual_real_rows(p);  // step metadata: before the wait
   pdl_start();  // pdl.cuh: launched with pdl_launch
   const bool norm = p.mode == ResidualMode::kAddNorm;
-  float v[kBlocks][4];
-  double ss = 0.0;
+  float4 v[kBlocks];
 #pragma unroll
   for (int j = 0; j < kBlocks; ++j) {
-    const int kb = warp + j * warps, col = kb * 128 + 4 * lane;
-    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (kb < blocks && real) {
-      if (norm) {
-        float4* hp = reinterpret_cast<float4*>(p.h + int64_t(t) * p.h_ld + col);
-        a = *hp;
-        if (p.y) {
-          float y[4];
-          load_bf16x4(p.y + int64_t(t) * p.y_ld + col, y);
-          a = make_float4(__fadd_rn(a.x, y[0]), __fadd_rn(a.y, y[1]), __fadd_rn(a.z, y[2]), __fadd_rn(a.w, y[3]));
-          *hp = a;
-        }
-      } else {
-        a = *reinterpret_cast<const float4*>(p.input + int64_t(t) * p.input_ld + col);
-      }
+    const int kb = warp + j * warps;
+    v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (kb >= blocks) continue;
+    if (real) v[j] = residual_block_in(p, t, kb);
+    if (norm) {
+      const double s = residual_block_squares(v[j]);
+      if ((threadIdx.x & 31) == 0) red[kb] = s;
     }
-    v[j][0] = a.x, v[j][1] = a.y, v[j][2] = a.z, v[j][3] = a.w;
-    if (kb < blocks) ss = __dadd_rn(ss, sum_squares4(v[j]));
   }
   float inv = 1.0f;
   if (norm) {  // uniform over the CTA: every thread reaches the barrier
-    warp_partial(ss, red);
     __syncthreads();
-    inv = rms_inv(red_sum(red, 0, warps), p.dim, p.eps);
+    inv = residual_row_inv(p, red);
   }
 #pragma unroll
   for (int j = 0; j < kBlocks; ++j) {
     const int kb = warp + j * warps;
     if (kb >= blocks) break;
-    float x[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) x[k] = real ? bf16_round(norm ? __fmul_rn(v[j][k], inv) : v[j][k]) : 0.0f;
-    if (p.x) store_bf16x4(p.x + int64_t(t) * p.x_ld + kb * 128 + 4 * lane, x);
-    if (p.x_fp8.data) store_act_block(p.x_fp8, t, kb, x);
+    residual_block_out(p, t, kb, v[j], inv, real);
   }
 }
 

@@ -21,11 +21,13 @@ namespace dsv4::cuda {
 
 enum class ResidualMode { kAddNorm, kLoad };
 
+inline constexpr int kResidualMaxDim = 16384;
+
 struct ResidualNormParams {
   ResidualMode mode = ResidualMode::kAddNorm;
   int num_tokens = 0;                   // rows
   const int* num_real_tokens = nullptr; // device int: rows at and past it are padding (null: none)
-  int dim = 0;                          // D: a multiple of 128, at most 16384
+  int dim = 0;                          // D: a multiple of 128, at most kResidualMaxDim
   float* h = nullptr;                   // kAddNorm: [T, h_ld] fp32 residual stream
   int64_t h_ld = 0;
   const uint16_t* y = nullptr;          // kAddNorm: [T, y_ld] bf16 layer output (null: no add)

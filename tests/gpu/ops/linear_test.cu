@@ -49,6 +49,7 @@
 #include "attn/cuda/linear.h"
 #include "attn/cuda/linear_internal.h"
 #include "attn/cuda/q_head_norm_rope.h"
+#include "attn/cuda/residual_norm.h"
 #include "common/error.h"
 #include "model/weights.h"
 #include "numerics/bf16.h"
@@ -665,7 +666,11 @@ TEST_F(LinearCudaTest, Fp8GemmFromTakesItsRows) {
     EXPECT_EQ(route.cublas_rows, path == LinearPath::kCublas ? m : 0) << at << ": " << route.note;
     EXPECT_EQ(route.kernel_rows, path == LinearPath::kSmallM ? m : 0) << at;
     gpu.set_options(from8);
-    EXPECT_EQ(gpu.fuses_q_head(m), m <= 8 && path != LinearPath::kCublas) << at << ": 512 columns are one head";
+    const cuda::QHeadNormRopeParams heads{};
+    const cuda::ResidualNormParams norm{};
+    EXPECT_EQ(gpu.fuses({.q_head = &heads}, m), m <= 8 && path != LinearPath::kCublas) << at << ": 512 columns are one head";
+    EXPECT_EQ(gpu.fuses({.residual = &norm}, m), m <= 8 && path != LinearPath::kCublas) << at;
+    EXPECT_FALSE(gpu.fuses({}, m)) << at << ": no tail asked for";
     EXPECT_TRUE(y == run({path})) << at << ": not the bits of the path that took the rows";
   }
 }
@@ -819,7 +824,7 @@ void check_q_head_tail(int heads, int64_t k, const LinearOptions& opts, uint64_t
     cuda::QHeadNormRopeParams qg = qw;
     qg.q = got.get();
     for (int rep = 0; rep < 2; ++rep) {
-      const bool fused = gpu.forward(Fp8Act(act.out()), got.get(), n, ws, nullptr, &qg);
+      const bool fused = gpu.forward(Fp8Act(act.out()), got.get(), n, ws, nullptr, {.q_head = &qg});
       EXPECT_EQ(fused, m <= 8) << at;
       if (opts.path == LinearPath::kGemm) EXPECT_EQ(gpu.last_route().gemm_rows, m) << at;
       if (!fused) cuda::q_head_norm_rope_cuda(qg, nullptr);
@@ -849,6 +854,106 @@ TEST_F(LinearCudaTest, QHeadTailOnTheGemmMatchesTheSeparateOp) {
 }
 
 TEST_F(LinearCudaTest, QHeadTailOnTheGemmFlashShape) { check_q_head_tail(64, 1024, {LinearPath::kGemm, 32, 0}, 87); }
+
+// ---- the residual tail (wo_b's decode path) ---------------------------------------------
+
+// Where a residual_norm writes, filled the same way for the reference and the
+// fused run: h from h0, y and x poisoned, the FP8 x poisoned.
+struct ResidualOut {
+  DeviceArray<float> h;
+  DeviceArray<uint16_t> y, x;
+  DeviceAct x8;
+  ResidualOut(const std::vector<float>& h0, int m, int64_t n)
+      : h(h0), y(std::vector<uint16_t>(size_t(m) * size_t(n), kPoison16)),
+        x(std::vector<uint16_t>(size_t(m) * size_t(n), kPoison16)), x8(m, n, m, 0) {}
+  cuda::ResidualNormParams params(int m, int64_t n, const int* real) const {
+    cuda::ResidualNormParams r;
+    r.mode = cuda::ResidualMode::kAddNorm;
+    r.num_tokens = m;
+    r.num_real_tokens = real;
+    r.dim = int(n);
+    r.h = h.get(), r.h_ld = n;
+    r.y = y.get(), r.y_ld = n;
+    r.eps = 1e-6f;
+    r.x = x.get(), r.x_ld = n;
+    r.x_fp8 = x8.out();
+    return r;
+  }
+};
+
+// Fp8Linear with a residual tail must give, bit for bit, the linear followed
+// by residual_norm_cuda (h += y, then x = RMSNorm(h) as bf16 and FP8): at
+// 1..8 rows (past one row the last is padding: its h stays, its x is zeros),
+// on the path and split the options ask for, twice in a row (the arrival
+// counter resets). At 9 rows forward() declines and the caller runs the op.
+// A tail that did not run leaves h as it was and x poisoned (NaN), so it
+// cannot pass. global_sum: whether the GEMM's splits must have been summed
+// through the workspace (else in a cluster or not split); resident: whether
+// every CTA that writes outputs fits at once (else the tail, whose barrier
+// waits for all of them, must be declined).
+void check_residual_tail(int64_t n, int64_t k, const LinearOptions& opts, uint64_t seed, bool global_sum = false,
+                         bool resident = true) {
+  std::mt19937_64 rng(seed);
+  const std::vector<WeightMatrix> parts = {random_fp8("wo_b", n, k, rng)};
+  Fp8Linear gpu(pointers(parts), opts);
+  LinearWorkspace ws({gpu.needs(9)});
+  for (int m : {1, 3, 8, 9}) {
+    const std::string at = "n " + std::to_string(n) + " k " + std::to_string(k) + " m " + std::to_string(m);
+    const std::vector<float> xf = random_activation(m, k, rng);
+    DeviceArray<uint16_t> xd(to_bf16(xf));
+    DeviceAct act(m, k, m, 0);
+    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
+    const std::vector<float> h0 = random_activation(m, n, rng);
+    DeviceArray<int> real(std::vector<int>{m > 1 ? m - 1 : m});
+    ResidualOut want(h0, m, n);
+    EXPECT_FALSE(gpu.forward(Fp8Act(act.out()), want.y.get(), n, ws, nullptr)) << at;
+    cuda::residual_norm_cuda(want.params(m, n, real.get()), nullptr);
+    sync();
+    const std::vector<float> h_want = want.h.download();
+    size_t changed = 0;
+    for (size_t i = 0; i < h0.size(); ++i) changed += h_want[i] != h0[i];
+    EXPECT_GT(changed, h0.size() / 2) << at << ": the add changed too little to test anything";
+    for (int rep = 0; rep < 2; ++rep) {
+      ResidualOut got(h0, m, n);
+      const cuda::ResidualNormParams r = got.params(m, n, real.get());
+      const bool fused = gpu.forward(Fp8Act(act.out()), got.y.get(), n, ws, nullptr, {.residual = &r});
+      EXPECT_EQ(fused, m <= 8 && resident) << at;
+      const LinearRoute route = gpu.last_route();
+      if (opts.path == LinearPath::kGemm) {
+        EXPECT_EQ(route.gemm_rows, m) << at;
+        if (fused) EXPECT_EQ(route.gemm_global_sum, global_sum) << at << ": not the reduce path the case is for";
+      }
+      if (!fused) cuda::residual_norm_cuda(r, nullptr);
+      sync();
+      const std::string where = at + " rep " + std::to_string(rep);
+      EXPECT_TRUE(got.y.download() == want.y.download()) << where << ": y";
+      EXPECT_TRUE(got.h.download() == h_want) << where << ": h";
+      EXPECT_TRUE(got.x.download() == want.x.download()) << where << ": x";
+      EXPECT_TRUE(got.x8.data->download() == want.x8.data->download()) << where << ": the FP8 x";
+      const std::vector<float> sg = got.x8.scales->download(), sw = want.x8.scales->download();  // poison: NaN
+      EXPECT_EQ(std::memcmp(sg.data(), sw.data(), sg.size() * sizeof(float)), 0) << where << ": the FP8 x's scales";
+    }
+  }
+}
+
+TEST_F(LinearCudaTest, ResidualTailMatchesTheSeparateOp) {
+  check_residual_tail(512, 256, {LinearPath::kSmallM, 32, 0}, 91);
+  check_residual_tail(512, 1024, {LinearPath::kSmallM, 32, 4}, 92);  // a cluster of 4 splits
+  check_residual_tail(384, 768, {LinearPath::kSmallM, 32, 3}, 93);   // 3 splits: the workspace sum
+  check_residual_tail(1024, 512, {LinearPath::kGemm, 32, 0}, 94);    // no split
+  check_residual_tail(1024, 2048, {LinearPath::kGemm, 32, 4}, 95);   // clusters of 4
+}
+
+// Flash's wo_b on the GEMM's automatic split: 8 splits summed through the
+// workspace at decode rows.
+// Then a forced split of 8 in clusters: the tail only where its 32 clusters
+// all fit at once.
+TEST_F(LinearCudaTest, ResidualTailFlashShape) {
+  check_residual_tail(4096, 8192, {LinearPath::kGemm, 32, 0}, 96, true);
+  const bool fit = 4096 / 128 <= cuda::detail::gemm_resident_clusters(1, 8);
+  std::printf("    32 clusters of 8 resident at once: %s\n", fit ? "yes" : "no");
+  check_residual_tail(4096, 8192, {LinearPath::kGemm, 32, 8}, 97, false, fit);
+}
 
 TEST_F(LinearCudaTest, W8A16SmallShapesAllVariants) {
   check_w8a16("wo_a 4x[128,256]", 4, 128, 256, small_ms(), 31);
