@@ -10,7 +10,8 @@
 //      quantization) and its selection
 //   4. sparse attention over the window and the compressed entries, the
 //      output's inverse RoPE applied as it is written
-//   5. wo_a (grouped, FP8 output fused), wo_b FP8.
+//   5. wo_a (grouped, FP8 output fused), wo_b FP8 (at decode rows with the
+//      residual add and the next layer's input norm in its kernel).
 // Weights are uploaded once at construction; the step's activations live in
 // the backend's buffers (LayerBuffers).
 #include <cstdint>

@@ -128,7 +128,7 @@ struct LinearRoute {
 struct LinearNeeds {
   int max_m = 0;
   size_t partial_bytes = 0;  // split-K partial sums of the own kernel
-  int counters = 0;          // arrival counters: split-K (one per 128 weight rows), then the q-head tail's (one per 512)
+  int counters = 0;          // arrival counters: split-K (one per 128 weight rows), the q-head tail's (one per 512), the residual tail's
   size_t scratch_bytes = 0;  // activation scales repacked for cuBLASLt, the FP8 input of fp8_input mode
   size_t tail_bytes = 0;     // the residual tail's row sums and its barrier's generation word
 };
