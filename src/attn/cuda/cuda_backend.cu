@@ -144,7 +144,7 @@ class CudaBackend final : public AttentionBackend {
     bufs_.one_token_per_run = decode;
     bind_lanes();
     prologue_done_ = false;
-    pending_y_ = normed_ = false;
+    residual_ = Residual::kNone;
     capturing_ = false;
     timed_ = false;
   }
@@ -189,8 +189,8 @@ class CudaBackend final : public AttentionBackend {
       prologue();
     }
     if (timed_) record(2 * layer);
-    if (in != LayerInput::kResidual || !normed_) {  // else the previous layer's wo_b ran it
-      cuda::ResidualNormParams r = residual_params(pending_y_);
+    if (in != LayerInput::kResidual || residual_ != Residual::kNormed) {  // else the previous layer's wo_b ran it
+      cuda::ResidualNormParams r = residual_params(residual_ == Residual::kPendingY);
       if (in != LayerInput::kResidual) {  // the step's input as the layer's input
         r.mode = cuda::ResidualMode::kLoad;
         r.input = bufs_.h, r.input_ld = config_.hidden_size;
@@ -201,8 +201,8 @@ class CudaBackend final : public AttentionBackend {
     // forward(kResidual) or end_layers would start with) in wo_b's kernel,
     // where it fuses.
     const cuda::ResidualNormParams next = residual_params(true);
-    normed_ = layers_[size_t(layer)]->forward(bufs_, capture, in == LayerInput::kResidual ? &next : nullptr);
-    pending_y_ = in == LayerInput::kResidual && !normed_;
+    const bool normed = layers_[size_t(layer)]->forward(bufs_, capture, in == LayerInput::kResidual ? &next : nullptr);
+    residual_ = in != LayerInput::kResidual ? Residual::kNone : normed ? Residual::kNormed : Residual::kPendingY;
     if (timed_) record(2 * layer + 1);
   }
 
@@ -348,9 +348,9 @@ class CudaBackend final : public AttentionBackend {
   }
 
   void add_pending_y() {
-    if (!pending_y_) return;
+    if (residual_ != Residual::kPendingY) return;
     cuda::residual_norm_cuda(residual_params(true), stream_);  // its x is not read
-    pending_y_ = false;
+    residual_ = Residual::kNone;
   }
 
   // h += y (when add_y: the previous layer's output), then x = RMSNorm(h)
@@ -407,9 +407,12 @@ class CudaBackend final : public AttentionBackend {
   float* host_io_ = nullptr;  // pinned: the step's input and output rows
   int first_layer_[kNumLayerTypes] = {-1, -1, -1};
   int real_ = 0, launched_ = 0, graph_key_ = 0;
-  // pending_y_: the last layer's y is not yet in h; normed_: it is, and x
-  // and x8 are the next layer's input (wo_b's residual tail ran).
-  bool prologue_done_ = false, pending_y_ = false, normed_ = false, capturing_ = false;
+  // The last layer's output y: not yet added into h (kPendingY), or added
+  // with x and x8 normed as the next layer's input (kNormed: wo_b's
+  // residual tail ran); kNone: no layer's y waits.
+  enum class Residual { kNone, kPendingY, kNormed };
+  Residual residual_ = Residual::kNone;
+  bool prologue_done_ = false, capturing_ = false;
   std::map<std::pair<int, bool>, cudaGraphExec_t> graphs_;
   std::set<std::pair<int, bool>> seen_;
   std::vector<cudaEvent_t> events_, indexer_events_;

@@ -119,6 +119,7 @@ struct LinearRoute {
   int kernel_launches = 0;  // own-kernel launches (small-M: one per 64 rows, GEMM: per 128)
   int splits = 0;           // the own kernels' split of k (last launch)
   bool gemm_global_sum = false;  // the GEMM's splits were summed through the workspace, not a cluster (last launch)
+  bool kernel_cluster_sum = false;  // the small-M kernel's splits were summed in a cluster, not the workspace (last launch)
   int cublas_splits = 0;    // cuBLASLt's split of k (0: no rows went there)
   bool quantize_kernel = false;  // the separate bf16 -> FP8 kernel ran
   std::string note;         // why rows that the path wanted on cuBLASLt did not go there

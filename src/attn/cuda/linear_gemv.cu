@@ -91,19 +91,21 @@ void gemv_prepare() {
   check_cuda(status, "configuring the small-M kernels and the FP8 GEMM");
 }
 
-void gemv_launch(const GemvArgs& a, CUstream_st* stream) {
+bool gemv_launch(const GemvArgs& a, CUstream_st* stream) {
   gemv_prepare();
   DSV4_REQUIRE(!(a.q_head.counters && a.residual.counter), "linear (cuda): one tail per launch");
   DSV4_REQUIRE(!a.residual.counter || (a.kind == GemvWeight::kFp8 && !a.y_f32 && a.m <= kGemvTailRows &&
                                        gemv_residual_tail_fits(a.n)),
                "linear (cuda): the residual tail takes FP8 products of up to 8 rows to bf16 whole 128-column blocks "
                "of at most " + std::to_string(kResidualMaxDim) + " columns");
+  bool in_cluster = false;
   switch (a.kind) {
-    case GemvWeight::kFp8: gemv_launch_fp8(a, stream); break;
-    case GemvWeight::kW8A16: gemv_launch_w8a16(a, stream); break;
-    case GemvWeight::kBf16: gemv_launch_bf16(a, stream); break;
+    case GemvWeight::kFp8: in_cluster = gemv_launch_fp8(a, stream); break;
+    case GemvWeight::kW8A16: in_cluster = gemv_launch_w8a16(a, stream); break;
+    case GemvWeight::kBf16: in_cluster = gemv_launch_bf16(a, stream); break;
   }
   check_cuda(cudaGetLastError(), "small-M kernel launch");
+  return in_cluster;
 }
 
 }  // namespace detail

@@ -299,23 +299,20 @@ __device__ __forceinline__ void q_head_tail(const GemvArgs& a, int row_block, un
 
 // A barrier among `total` CTAs of the launch, each arriving once (they must
 // all be resident, or become so while the others wait): the last to arrive
-// resets the counter and moves the generation on from `gen` (read before
-// the arrival), the others wait for that. The arrivals are acq_rel and the
-// generation's store a release, so every CTA's writes before its arrival
-// are visible to every CTA after it.
+// (last_to_arrive's acq_rel arrival) resets the counter and moves the
+// generation on from `gen` (read before the arrival) with a release store;
+// the others wait for that with acquire loads. So every CTA's writes before
+// its arrival are visible to every CTA after it.
 __device__ __forceinline__ void writers_barrier(unsigned* counter, unsigned* generation, unsigned gen,
                                                 unsigned total) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned before;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(before) : "l"(counter) : "memory");
-    if (before == total - 1) {  // nobody reads the counter any more: ready for the next call
+  if (last_to_arrive(counter, total)) {
+    if (threadIdx.x == 0) {  // nobody reads the counter any more: ready for the next call
       *counter = 0;
       asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(generation), "r"(gen + 1) : "memory");
-    } else {
-      unsigned now = gen;
-      while (now == gen) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(now) : "l"(generation) : "memory");
     }
+  } else if (threadIdx.x == 0) {
+    unsigned now = gen;
+    while (now == gen) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(now) : "l"(generation) : "memory");
   }
   __syncthreads();
 }
@@ -525,28 +522,28 @@ inline int gemv_max_clusters[4] = {};
 
 // Launch of one instantiation (the host code checked the arguments). The
 // splits of a row block sum in a cluster where every row block's cluster
-// fits at once (a portable cluster: up to 8), else through the workspace.
+// fits at once (a portable cluster: up to 8), else through the workspace;
+// returns whether in a cluster.
 template <GemvWeight W, int MT, int kCtasPerSm>
-void gemv_launch_cps(GemvArgs a, int64_t nrb, size_t smem, cudaStream_t stream) {
+bool gemv_launch_cps(GemvArgs a, int64_t nrb, size_t smem, cudaStream_t stream) {
   const int ci = cluster_size_index(a.splits);
   a.cluster_sum = ci > 0 && nrb <= gemv_max_clusters<W, MT, kCtasPerSm>[ci];
   const dim3 grid(unsigned(nrb), unsigned(a.splits));
   pdl_launch_clustered(gemv_kernel<W, MT, kCtasPerSm>, grid, kGemvThreads, smem, stream,
                        dim3(1, a.cluster_sum ? unsigned(a.splits) : 1u), a);
+  return a.cluster_sum;
 }
 template <GemvWeight W, int MT>
-void gemv_launch_mt(const GemvArgs& a, cudaStream_t stream) {
+bool gemv_launch_mt(const GemvArgs& a, cudaStream_t stream) {
   const int64_t nrb = (a.n + kGemvCtaRows - 1) / kGemvCtaRows;
   size_t smem = gemv_smem_bytes<W>(8 * MT, a.k / a.splits);
   if (a.q_head.counters != nullptr) smem = std::max(smem, sizeof(QHeadSmem));
   if (a.residual.counter != nullptr) smem = std::max(smem, size_t(a.m) * size_t(nrb) * sizeof(double));
   if constexpr (MT == 1) {
-    if (nrb * a.splits > int64_t(kGemvCtasPerSm<MT>) * device_sm_count()) {
-      gemv_launch_cps<W, MT, kGemvDenseCtasPerSm>(a, nrb, smem, stream);
-      return;
-    }
+    if (nrb * a.splits > int64_t(kGemvCtasPerSm<MT>) * device_sm_count())
+      return gemv_launch_cps<W, MT, kGemvDenseCtasPerSm>(a, nrb, smem, stream);
   }
-  gemv_launch_cps<W, MT, kGemvCtasPerSm<MT>>(a, nrb, smem, stream);
+  return gemv_launch_cps<W, MT, kGemvCtasPerSm<MT>>(a, nrb, smem, stream);
 }
 
 // Allows the largest shared-memory slice this instantiation can be launched
@@ -563,12 +560,12 @@ cudaError_t gemv_configure_mt() {
 }
 
 template <GemvWeight W>
-void gemv_launch_kind(const GemvArgs& a, cudaStream_t stream) {
+bool gemv_launch_kind(const GemvArgs& a, cudaStream_t stream) {
   switch (gemv_tile_rows(a.m)) {
-    case 8: gemv_launch_mt<W, 1>(a, stream); break;
-    case 16: gemv_launch_mt<W, 2>(a, stream); break;
-    case 32: gemv_launch_mt<W, 4>(a, stream); break;
-    default: gemv_launch_mt<W, 8>(a, stream); break;
+    case 8: return gemv_launch_mt<W, 1>(a, stream);
+    case 16: return gemv_launch_mt<W, 2>(a, stream);
+    case 32: return gemv_launch_mt<W, 4>(a, stream);
+    default: return gemv_launch_mt<W, 8>(a, stream);
   }
 }
 
@@ -582,10 +579,10 @@ cudaError_t gemv_configure_kind() {
   return e;
 }
 
-// Defined in linear_gemv_{fp8,w8a16,bf16}.cu.
-void gemv_launch_fp8(const GemvArgs& a, cudaStream_t stream);
-void gemv_launch_w8a16(const GemvArgs& a, cudaStream_t stream);
-void gemv_launch_bf16(const GemvArgs& a, cudaStream_t stream);
+// Defined in linear_gemv_{fp8,w8a16,bf16}.cu; whether the splits were summed in a cluster.
+bool gemv_launch_fp8(const GemvArgs& a, cudaStream_t stream);
+bool gemv_launch_w8a16(const GemvArgs& a, cudaStream_t stream);
+bool gemv_launch_bf16(const GemvArgs& a, cudaStream_t stream);
 cudaError_t gemv_configure_fp8();
 cudaError_t gemv_configure_w8a16();
 cudaError_t gemv_configure_bf16();

@@ -4,7 +4,7 @@
 
 namespace dsv4::cuda::detail {
 
-void gemv_launch_fp8(const GemvArgs& a, cudaStream_t stream) { gemv_launch_kind<GemvWeight::kFp8>(a, stream); }
+bool gemv_launch_fp8(const GemvArgs& a, cudaStream_t stream) { return gemv_launch_kind<GemvWeight::kFp8>(a, stream); }
 cudaError_t gemv_configure_fp8() { return gemv_configure_kind<GemvWeight::kFp8>(); }
 
 }  // namespace dsv4::cuda::detail

@@ -4,7 +4,7 @@
 
 namespace dsv4::cuda::detail {
 
-void gemv_launch_w8a16(const GemvArgs& a, cudaStream_t stream) { gemv_launch_kind<GemvWeight::kW8A16>(a, stream); }
+bool gemv_launch_w8a16(const GemvArgs& a, cudaStream_t stream) { return gemv_launch_kind<GemvWeight::kW8A16>(a, stream); }
 cudaError_t gemv_configure_w8a16() { return gemv_configure_kind<GemvWeight::kW8A16>(); }
 
 }  // namespace dsv4::cuda::detail

@@ -109,8 +109,10 @@ size_t gemv_residual_tail_bytes(int64_t n);
 // Allows the kernels' shared memory (once per process; call before any
 // stream capture).
 void gemv_prepare();
-// Launches one small-M kernel (m <= kGemvMaxRows); throws Error on a launch error.
-void gemv_launch(const GemvArgs& a, CUstream_st* stream);
+// Launches one small-M kernel (m <= kGemvMaxRows); throws Error on a launch
+// error. Returns whether its splits are summed in a cluster (else through
+// the workspace, or not split).
+bool gemv_launch(const GemvArgs& a, CUstream_st* stream);
 
 // The wgmma GEMM (linear_gemm.cu): the same arguments (kind kFp8, bf16 y,
 // no quantize, a q-head tail only up to kGemvQHeadRows rows; or kind kW8A16,

@@ -160,7 +160,7 @@ void run_gemv(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream,
     c.splits = gemv_choose_splits(a.kind, a.n, a.k, c.m, sms, a.forced_splits);
     c.partials = ws.partials();
     c.counters = ws.counters();
-    gemv_launch(c, stream);
+    route.kernel_cluster_sum = gemv_launch(c, stream);
     route.kernel_rows += c.m;
     route.kernel_launches += 1;
     route.splits = c.splits;

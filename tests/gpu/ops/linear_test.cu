@@ -35,12 +35,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "support/cuda_device.h"
@@ -331,6 +333,16 @@ struct DeviceAct {
   Fp8ActOut out() const { return Fp8ActOut{data->get(), scales->get(), m, int(k), ld, scale_ld}; }
 };
 
+// x (m rows of k) quantized by the GPU's quantize_act into a DeviceAct with
+// scale_ld = m and rows `pad` bytes longer than k.
+DeviceAct quantized_on_gpu(const std::vector<float>& x, int m, int64_t k, int64_t pad = 0) {
+  DeviceArray<uint16_t> xd(to_bf16(x));
+  DeviceAct act(m, k, m, pad);
+  cuda::quantize_act(xd.get(), k, act.out(), nullptr);
+  sync();  // before xd is freed
+  return act;
+}
+
 // ---- the FP8 linear ---------------------------------------------------------------
 
 struct PathResult {
@@ -360,10 +372,7 @@ void check_fp8_linear(const std::string& name, const std::vector<WeightMatrix>& 
     const std::string at = name + " m=" + std::to_string(m);
     const std::vector<float> x = random_activation(m, k, rng);
     // The activation through the GPU quantizer (checked bit for bit), with scale_ld = m.
-    DeviceArray<uint16_t> xd(to_bf16(x));
-    DeviceAct act(m, k, m, act_pad);
-    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
-    sync();
+    const DeviceAct act = quantized_on_gpu(x, m, k, act_pad);
     expect_quantized(at + " quantize_act", x, k, m, k, act.data->download(), act.ld, act.scales->download(), m);
 
     // References: fp32 sums of the quantized products, sum |x w|, the CPU twin.
@@ -528,10 +537,7 @@ TEST_F(LinearCudaTest, Fp8GemmSumsDecodeSplitsThroughTheWorkspace) {
   LinearWorkspace ws({gpu.needs(16)});
   for (int m : {1, 8, 16}) {
     const std::string at = "wo_b m=" + std::to_string(m);
-    const std::vector<float> x = random_activation(m, 8192, rng);
-    DeviceArray<uint16_t> xd(to_bf16(x));
-    DeviceAct act(m, 8192, m, 0);
-    cuda::quantize_act(xd.get(), 8192, act.out(), nullptr);
+    const DeviceAct act = quantized_on_gpu(random_activation(m, 8192, rng), m, 8192);
     std::vector<std::vector<uint16_t>> runs;
     for (int rep = 0; rep < 2; ++rep) {
       DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m) * 4096, kPoison16));
@@ -566,9 +572,7 @@ TEST_F(LinearCudaTest, Fp8CublasSplitsKWhereFewTilesFillTheGpu) {
     Fp8Linear gpu(*w, LinearOptions{LinearPath::kCublas});
     const int64_t n = gpu.out_features(), k = gpu.in_features();
     LinearWorkspace ws({gpu.needs(m)});
-    DeviceArray<uint16_t> xd(to_bf16(random_activation(m, k, rng)));
-    DeviceAct act(m, k, m);
-    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
+    const DeviceAct act = quantized_on_gpu(random_activation(m, k, rng), m, k, 16);
     std::vector<std::vector<uint16_t>> runs;
     for (int rep = 0; rep < 2; ++rep) {
       DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m) * size_t(n), kPoison16));
@@ -590,12 +594,8 @@ TEST_F(LinearCudaTest, Fp8CublasSplitsKWhereFewTilesFillTheGpu) {
 // `gpu` on it under options o (the routing tests).
 struct RoutedInput {
   int m;
-  DeviceArray<uint16_t> xd;
   DeviceAct act;
-  RoutedInput(int m_, int64_t k, std::mt19937_64& rng)
-      : m(m_), xd(to_bf16(random_activation(m_, k, rng))), act(m_, k, m_) {
-    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
-  }
+  RoutedInput(int m_, int64_t k, std::mt19937_64& rng) : m(m_), act(quantized_on_gpu(random_activation(m_, k, rng), m_, k, 16)) {}
   std::vector<uint16_t> run(Fp8Linear& gpu, const LinearOptions& o, LinearWorkspace& ws) const {
     gpu.set_options(o);
     const int64_t n = gpu.out_features();
@@ -801,10 +801,7 @@ void check_q_head_tail(int heads, int64_t k, const LinearOptions& opts, uint64_t
   const Rope rope(RopeParams{10000, false, YarnParams{}});
   for (int m : {1, 3, 8, 9}) {
     const std::string at = "heads " + std::to_string(heads) + " k " + std::to_string(k) + " m " + std::to_string(m);
-    const std::vector<float> x = random_activation(m, k, rng);
-    DeviceArray<uint16_t> xd(to_bf16(x));
-    DeviceAct act(m, k, m, 0);
-    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
+    const DeviceAct act = quantized_on_gpu(random_activation(m, k, rng), m, k);
     std::vector<int32_t> pos(static_cast<size_t>(m));
     for (int32_t& p : pos) p = int32_t(rng() % 1048576);
     pos[0] = 1048575;
@@ -890,19 +887,18 @@ struct ResidualOut {
 // cannot pass. global_sum: whether the GEMM's splits must have been summed
 // through the workspace (else in a cluster or not split); resident: whether
 // every CTA that writes outputs fits at once (else the tail, whose barrier
-// waits for all of them, must be declined).
+// waits for all of them, must be declined); cluster_sum: whether the small-M
+// kernel's splits must have been summed in a cluster (else through the
+// workspace or not split).
 void check_residual_tail(int64_t n, int64_t k, const LinearOptions& opts, uint64_t seed, bool global_sum = false,
-                         bool resident = true) {
+                         bool resident = true, bool cluster_sum = false) {
   std::mt19937_64 rng(seed);
   const std::vector<WeightMatrix> parts = {random_fp8("wo_b", n, k, rng)};
   Fp8Linear gpu(pointers(parts), opts);
   LinearWorkspace ws({gpu.needs(9)});
   for (int m : {1, 3, 8, 9}) {
     const std::string at = "n " + std::to_string(n) + " k " + std::to_string(k) + " m " + std::to_string(m);
-    const std::vector<float> xf = random_activation(m, k, rng);
-    DeviceArray<uint16_t> xd(to_bf16(xf));
-    DeviceAct act(m, k, m, 0);
-    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
+    const DeviceAct act = quantized_on_gpu(random_activation(m, k, rng), m, k);
     const std::vector<float> h0 = random_activation(m, n, rng);
     DeviceArray<int> real(std::vector<int>{m > 1 ? m - 1 : m});
     ResidualOut want(h0, m, n);
@@ -922,6 +918,9 @@ void check_residual_tail(int64_t n, int64_t k, const LinearOptions& opts, uint64
       if (opts.path == LinearPath::kGemm) {
         EXPECT_EQ(route.gemm_rows, m) << at;
         if (fused) EXPECT_EQ(route.gemm_global_sum, global_sum) << at << ": not the reduce path the case is for";
+      } else if (fused) {
+        EXPECT_EQ(route.kernel_rows, m) << at;
+        EXPECT_EQ(route.kernel_cluster_sum, cluster_sum) << at << ": not the reduce path the case is for";
       }
       if (!fused) cuda::residual_norm_cuda(r, nullptr);
       sync();
@@ -937,8 +936,8 @@ void check_residual_tail(int64_t n, int64_t k, const LinearOptions& opts, uint64
 }
 
 TEST_F(LinearCudaTest, ResidualTailMatchesTheSeparateOp) {
-  check_residual_tail(512, 256, {LinearPath::kSmallM, 32, 0}, 91);
-  check_residual_tail(512, 1024, {LinearPath::kSmallM, 32, 4}, 92);  // a cluster of 4 splits
+  check_residual_tail(512, 256, {LinearPath::kSmallM, 32, 1}, 91);                     // not split
+  check_residual_tail(512, 1024, {LinearPath::kSmallM, 32, 4}, 92, false, true, true);  // a cluster of 4 splits
   check_residual_tail(384, 768, {LinearPath::kSmallM, 32, 3}, 93);   // 3 splits: the workspace sum
   check_residual_tail(1024, 512, {LinearPath::kGemm, 32, 0}, 94);    // no split
   check_residual_tail(1024, 2048, {LinearPath::kGemm, 32, 4}, 95);   // clusters of 4
@@ -1137,9 +1136,7 @@ TEST_F(LinearCudaTest, SubnormalCodesAreExact) {
     const std::vector<float> x = activation(k), xq = fake_quantized(x);
     std::vector<float> c(size_t(m * n)), s(c.size());
     reference(xq.data(), k, m, wf.data(), awf.data(), n, k, c.data(), s.data(), n);
-    DeviceArray<uint16_t> xd(to_bf16(x));
-    DeviceAct act(m, k, m);
-    cuda::quantize_act(xd.get(), k, act.out(), nullptr);
+    const DeviceAct act = quantized_on_gpu(x, m, k, 16);
     for (LinearPath path : {LinearPath::kSmallM, LinearPath::kCublas}) {
       gpu.set_options({path, 32});
       DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m * n), kPoison16));
@@ -1244,6 +1241,31 @@ TEST_F(LinearCudaTest, BadShapesThrowBeforeLaunching) {
   Fp8Act misaligned = Fp8Act(a);
   misaligned.data += 1;
   expect_error([&] { fp8.forward(misaligned, y.get(), 256, ws, nullptr); }, "aligned");
+  // A residual tail that is not this output's (y, its stride, rows, columns or mode), or two tails.
+  ResidualOut res(std::vector<float>(size_t(8) * 256, 1.0f), 8, 256);
+  DeviceArray<int> real(std::vector<int>{8});
+  cuda::ResidualNormParams r = res.params(8, 256, real.get());
+  r.y = y.get();
+  ASSERT_TRUE(fp8.fuses({.residual = &r}, 8)) << "the cases below need the tail";
+  using Mismatch = std::function<void(cuda::ResidualNormParams&)>;
+  const std::vector<std::pair<Mismatch, std::string>> mismatches = {
+      {[&](cuda::ResidualNormParams& b) { b.y = res.y.get(); }, "residual tail must add"},
+      {[](cuda::ResidualNormParams& b) { b.y_ld = 264; }, "residual tail must add"},
+      {[](cuda::ResidualNormParams& b) { b.num_tokens = 7; }, "residual tail must add"},
+      {[](cuda::ResidualNormParams& b) { b.dim = 128; }, "columns"},  // residual_norm's own check of x_fp8 first
+      {[&](cuda::ResidualNormParams& b) {
+         b.mode = cuda::ResidualMode::kLoad;
+         b.input = res.h.get(), b.input_ld = 256;
+       },
+       "residual tail must add"}};
+  for (const auto& [mismatch, words] : mismatches) {
+    cuda::ResidualNormParams bad = r;
+    mismatch(bad);
+    expect_error([&] { fp8.forward(Fp8Act(a), y.get(), 256, ws, nullptr, {.residual = &bad}); }, words);
+  }
+  const cuda::QHeadNormRopeParams no_q{};
+  expect_error([&] { fp8.forward(Fp8Act(a), y.get(), 256, ws, nullptr, {.q_head = &no_q, .residual = &r}); },
+               "one tail at a time");
   // W8A16GroupedLinear::forward (2 groups of [128, 256]: input 512 columns, output 256).
   expect_error([&] { wo_a.forward(xin.get(), 200, 8, y.get(), 256, nullptr, ws, nullptr); }, "row stride");
   expect_error([&] { wo_a.forward(xin.get() + 1, 520, 8, y.get(), 256, nullptr, ws, nullptr); }, "aligned");
@@ -1274,6 +1296,7 @@ TEST_F(LinearCudaTest, BadShapesThrowBeforeLaunching) {
   for (uint16_t v : y.download()) ASSERT_EQ(v, kPoison16) << "an output was written";
   for (float v : yf.download()) ASSERT_TRUE(std::isnan(v)) << "an output was written";
   for (uint8_t v : act.data->download()) ASSERT_EQ(v, kPoison8) << "an FP8 output was written";
+  for (float v : res.h.download()) ASSERT_EQ(v, 1.0f) << "h was changed";
 }
 
 // A decode step's linears captured in a CUDA graph (both paths, split-K with
