@@ -5,12 +5,13 @@ and prints where a layer's time goes, per layer type.
 Layers are cut where the next one's input is ready: the end of wo_b (the
 first FP8 linear after wo_a's FP8 x bf16 one), or of the residual_norm_kernel
 that follows it on its stream where wo_b does not run the norm itself; the
-first cut is the step's first residual_norm_kernel. A layer with the indexer's score_kernel is C4A, one
-with a compressor (state_rows_kernel or rows_entries_kernel) but no scorer is C128A, the rest are
-SWA-only. For the median layer of each type it lists every kernel in start
-order with its end measured from the layer's start: with programmatic
-dependent launch a kernel starts before the one it waits for has ended, so
-the ends, not the durations, show the chain.
+first cut is the step's first residual_norm_kernel. A layer with the
+indexer's score_kernel is C4A, one with a compressor (state_rows_kernel or
+rows_entries_kernel) but no scorer is C128A, the rest are SWA-only. For
+the median layer of each type it lists every kernel in start order with its
+end measured from the layer's start: with programmatic dependent launch a
+kernel starts before the one it waits for has ended, so the ends, not the
+durations, show the chain.
 
 usage: scripts/trace_chain.py TRACE.csv[.gz]
 """
