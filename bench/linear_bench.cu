@@ -19,7 +19,8 @@
 //   linear_bench --candidates [--shape NAME] [--hot] [--reps N]
 //
 // --quick: M in {1, 8, 64, 512}; --m: the row counts given; --hot: one weight copy, so every call reads
-// its weight from L2 where it fits (what an L2 prefetch could reach); --shape: rows whose name contains NAME;
+// its weight from L2 where it fits (what an L2 prefetch could reach); --stamps: for wo_a at up to 8
+// rows, the small-M kernel's phases per CTA (small_m_stamps.h); --shape: rows whose name contains NAME;
 // --splits: force the own kernel's split of k; --small-m-max: the automatic
 // path's threshold (default 32); --candidates: every algorithm cuBLASLt's
 // heuristic offers for each cuBLASLt shape at M in {32, 64, 128, 256, 512}
@@ -43,6 +44,7 @@
 #include "model/weights.h"
 
 #include "bench_util.cuh"
+#include "small_m_stamps.h"
 
 namespace {
 
@@ -126,6 +128,7 @@ struct Options {
   int reps = 15;
   bool hot = false;  // one weight copy: every call after the first reads it from L2
   bool candidates = false;
+  bool stamps = false;  // --stamps: wo_a's small-M phases per CTA (up to 8 rows)
   std::vector<int> ms;  // --m: these row counts instead
 };
 
@@ -282,6 +285,15 @@ void run_shape(const Shape& s, const std::vector<int>& ms, const Options& opt, u
     c.set_path(LinearPath::kAuto, opt.small_m_max, opt.splits);
     const double ours = time_calls(c, m, in, out, b, ws, st, opt.reps);
     const LinearRoute ours_route = c.route();
+    if (opt.stamps && s.kind == Kind::kW8A16 && m <= 8) {  // the same calls again, the last one stamped
+      bench::SmallMStamps stamps;
+      stamps.on();
+      const double t = time_calls(c, m, in, out, b, ws, st, opt.reps);
+      stamps.off();
+      char label[96];
+      std::snprintf(label, sizeof label, "  wo_a stamps at M = %d (%.2f us a call with them)", m, t);
+      stamps.print(label);
+    }
     c.set_path(LinearPath::kCublas, opt.small_m_max, opt.splits);
     double lt = time_calls(c, m, in, out, b, ws, st, opt.reps);
     const LinearRoute lt_route = c.route();
@@ -457,6 +469,8 @@ int main(int argc, char** argv) {
       opt.candidates = true;
     } else if (a == "--hot") {
       opt.hot = true;
+    } else if (a == "--stamps") {
+      opt.stamps = true;
     } else if (a == "--reps" && i + 1 < argc) {
       opt.reps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--m" && i + 1 < argc) {
@@ -468,7 +482,7 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--hot] [--shape NAME] [--splits N] [--small-m-max N] [--reps N] [--m M,M,...]\n"
+                   "usage: %s [--quick] [--hot] [--stamps] [--shape NAME] [--splits N] [--small-m-max N] [--reps N] [--m M,M,...]\n"
                    "       %s --candidates [--shape NAME] [--hot] [--reps N]\n",
                    argv[0], argv[0]);
       return 2;

@@ -16,6 +16,9 @@
 //  - --trace FILE (with --decode): one more replayed step under CUPTI's kernel
 //    records (kernel_trace.h): every kernel's start, end and stream to FILE
 //    (CSV), and a summary of where the step's time went.
+//  - --stamps (with --decode): wo_a's small-M kernel writes per-CTA timer
+//    stamps in every step (small_m_stamps.h); after each decode row, the
+//    phases of the last layer's wo_a in the last step (at up to 8 rows).
 // Step times are wall time of plan + forward + commit; the synthetic input
 // embeddings (host Box-Muller, ~1 s per 8K chunk at hidden 4096) are drawn
 // outside the timed span, as a server receives them from the embedding.
@@ -37,6 +40,7 @@
 #include "cache/fp8_ds_mla.h"
 #include "common/error.h"
 #include "kernel_trace.h"
+#include "small_m_stamps.h"
 #include "runtime/engine.h"
 #include "model/weights.h"
 #include "runtime/workload.h"
@@ -80,6 +84,7 @@ struct Bench {
   nlohmann::json rows = nlohmann::json::array();
   int64_t next_id = 0;
   std::string trace_csv;  // --trace
+  bench::SmallMStamps* stamps = nullptr;  // --stamps
 
   Bench(int64_t max_requests, int64_t max_context, double gpu_memory, bool lanes, int64_t lanes_max) {
     EngineOptions o;
@@ -174,6 +179,11 @@ struct Bench {
                     {"ms_per_type", {{"swaonly", per_type[0] * 1e3}, {"c4a", per_type[1] * 1e3},
                                      {"c128a", per_type[2] * 1e3}}},
                     {"tokens_per_s", batch / t}, {"caches", "synthetic (random valid records)"}});
+    if (stamps != nullptr && batch <= 8) {
+      char label[96];
+      std::snprintf(label, sizeof label, "wo_a of the last layer, last step, %d x %lld", batch, (long long)context);
+      stamps->print(label);
+    }
     for (int64_t id : ids) engine->close_request(id);
   }
 
@@ -221,6 +231,7 @@ int main(int argc, char** argv) {
   int64_t prefill_only = 0;
   std::vector<std::pair<int, int64_t>> decode;  // --decode rows
   std::string json, trace;
+  bool stamps = false;
   double gpu_memory = 0.9;
   bool lanes = true;
   int64_t lanes_max = -1;
@@ -236,11 +247,16 @@ int main(int argc, char** argv) {
     }
     else if (a == "--json" && i + 1 < argc) json = argv[++i];
     else if (a == "--trace" && i + 1 < argc) trace = argv[++i];
+    else if (a == "--stamps") stamps = true;
     else if (a == "--gpu-memory" && i + 1 < argc) gpu_memory = std::atof(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--prefill LEN | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV]] [--json FILE] [--gpu-memory F]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--prefill LEN | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV] [--stamps]] [--json FILE] [--gpu-memory F]\n", argv[0]);
       return 2;
     }
+  }
+  if (stamps && decode.empty()) {
+    std::fprintf(stderr, "%s: --stamps needs --decode rows\n", argv[0]);
+    return 2;
   }
   if (!trace.empty() && decode.size() != 1) {
     std::fprintf(stderr, "%s: --trace needs one --decode BATCH CONTEXT (it times one decode row's step)\n", argv[0]);
@@ -257,8 +273,14 @@ int main(int argc, char** argv) {
       int batch = 0;
       int64_t context = 0;
       for (const auto& [bt, ctx] : decode) batch = std::max(batch, bt), context = std::max(context, ctx);
+      std::unique_ptr<bench::SmallMStamps> stamp_buffer;
+      if (stamps) {  // before any step: the graphs are captured with the buffer
+        stamp_buffer = std::make_unique<bench::SmallMStamps>();
+        stamp_buffer->on();
+      }
       Bench b(batch, context + 64, gpu_memory, lanes, lanes_max);
       b.trace_csv = trace;
+      b.stamps = stamp_buffer.get();
       for (const auto& [bt, ctx] : decode) b.decode_row(bt, ctx, quick ? 5 : 20);
       if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
       return 0;

@@ -31,12 +31,16 @@ namespace dsv4::cuda {
 // ---- bf16 vectors ------------------------------------------------------------
 
 // Four consecutive bf16 (8 bytes) <-> floats.
-__device__ __forceinline__ void load_bf16x4(const uint16_t* src, float (&v)[4]) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(src);
+// Four bf16 (8 bytes, the lowest first) as floats.
+__device__ __forceinline__ void bf16x4_floats(uint2 raw, float (&v)[4]) {
   v[0] = bf16_load(uint16_t(raw.x & 0xffffu));
   v[1] = bf16_load(uint16_t(raw.x >> 16));
   v[2] = bf16_load(uint16_t(raw.y & 0xffffu));
   v[3] = bf16_load(uint16_t(raw.y >> 16));
+}
+
+__device__ __forceinline__ void load_bf16x4(const uint16_t* src, float (&v)[4]) {
+  bf16x4_floats(*reinterpret_cast<const uint2*>(src), v);
 }
 
 __device__ __forceinline__ void store_bf16x4(uint16_t* dst, const float (&v)[4]) {

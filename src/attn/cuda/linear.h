@@ -270,5 +270,23 @@ void quantize_act(const uint16_t* x, int64_t ldx, const Fp8ActOut& out, CUstream
 // (the checks every FP8 consumer here runs).
 void check_fp8_act(const Fp8Act& x, const std::string& who);
 
+// Diagnostics for benchmarks, not for serving. While a buffer is set, every
+// small-M launch of wo_a's FP8 x bf16 product of up to 8 rows runs an
+// instantiation in which thread 0 of each CTA writes %globaltimer (ns) at the
+// points below to stamps[cta * kSmallMStampCount + point], cta = blockIdx.y *
+// gridDim.x + blockIdx.x (split-major); the buffer must hold every CTA of
+// the largest such launch. Read at launch: a graph captured while it is set
+// keeps writing there. nullptr turns it off.
+enum SmallMStamp {
+  kStampEntry,    // the CTA's first instruction
+  kStampWaited,   // its first weight loads issued and the programmatic-launch wait returned
+  kStampStaged,   // the activation slice decoded into shared memory
+  kStampLooped,   // every warp's weight stream and MMAs done
+  kStampSummed,   // the splits summed (cluster or workspace; a CTA that only arrives: then)
+  kStampWritten,  // the outputs (and the FP8 quantized copy) written
+  kSmallMStampCount
+};
+void set_small_m_stamps(unsigned long long* stamps);
+
 
 }  // namespace dsv4::cuda

@@ -79,6 +79,8 @@ size_t gemv_residual_tail_bytes(int64_t n) {
   return kGemvTailSumsAt + size_t(kGemvTailRows) * size_t(n / kGemvCtaRows) * sizeof(double);
 }
 
+unsigned long long* g_small_m_stamps = nullptr;
+
 void gemv_prepare() {
   static std::once_flag once;
   static cudaError_t status = cudaSuccess;
@@ -109,4 +111,7 @@ bool gemv_launch(const GemvArgs& a, CUstream_st* stream) {
 }
 
 }  // namespace detail
+
+void set_small_m_stamps(unsigned long long* stamps) { detail::g_small_m_stamps = stamps; }
+
 }  // namespace dsv4::cuda

@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "attn/cuda/act_quant.cuh"
+#include "attn/cuda/linear.h"
 #include "attn/cuda/linear_internal.h"
 #include "attn/cuda/pdl.cuh"
 #include "attn/cuda/ptx.cuh"
@@ -369,9 +370,17 @@ template <int MT>
 inline constexpr int kGemvCtasPerSm = MT <= 4 ? 2 : 1;
 inline constexpr int kGemvDenseCtasPerSm = 3;
 
-template <GemvWeight W, int MT, int kCtasPerSm>
+// kStamps: the diagnostics instantiation (set_small_m_stamps): thread 0 of
+// each CTA writes %globaltimer at the SmallMStamp points to a.stamps.
+template <GemvWeight W, int MT, int kCtasPerSm, bool kStamps = false>
 __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __grid_constant__ GemvArgs a) {
   using Kind = GemvKind<W>;
+  auto stamp = [&](int at) {
+    if constexpr (kStamps)
+      if (threadIdx.x == 0)
+        a.stamps[(size_t(blockIdx.y) * gridDim.x + blockIdx.x) * kSmallMStampCount + at] = global_timer_ns();
+  };
+  stamp(kStampEntry);
   constexpr int T = 8 * MT;
   constexpr int kStage = kStageK<W>;
   extern __shared__ __align__(16) uint32_t smem[];
@@ -479,8 +488,10 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
   for (int i = 0; i < kGemvDepth - 1; ++i)
     if (i < stages) load_stage(buf[i], i);
   pdl_start();  // pdl.cuh: the weights above are read while the previous kernel ends
+  stamp(kStampWaited);
   stage_activation<W, T>(a, xs, xstride, xsc, kc, group * a.k + k0);
   __syncthreads();
+  stamp(kStampStaged);
   for (int base = 0; base < stages; base += kGemvDepth) {
 #pragma unroll
     for (int i = 0; i < kGemvDepth; ++i) {
@@ -494,6 +505,7 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
 
   // The tile [T activation rows][128 weight rows] in shared memory, over the activation slice.
   __syncthreads();
+  stamp(kStampLooped);
   float* ct = reinterpret_cast<float*>(smem);
 #pragma unroll
   for (int j = 0; j < MT; ++j)
@@ -504,11 +516,18 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
   __syncthreads();
   if (a.cluster_sum) {  // each CTA of the cluster sums and writes its share of the rows
     sum_cluster_rows(a, ct, int(blockIdx.y));
+    stamp(kStampSummed);
     write_outputs(a, ct, int(blockIdx.y), a.splits);
   } else {  // the last CTA of the row block to arrive sums and writes every row
-    if (a.splits > 1 && !reduce_splits(a, ct, int(blockIdx.y), int(blockIdx.x), int(gridDim.x))) return;
+    if (a.splits > 1 && !reduce_splits(a, ct, int(blockIdx.y), int(blockIdx.x), int(gridDim.x))) {
+      stamp(kStampSummed);
+      stamp(kStampWritten);
+      return;
+    }
+    stamp(kStampSummed);
     write_outputs(a, ct, 0, 1);
   }
+  stamp(kStampWritten);
   if constexpr (W == GemvWeight::kFp8) {
     if (a.cluster_sum) run_tail(a, int(blockIdx.x), int(gridDim.x), a.splits, int(blockIdx.y), a.splits, smem);
     else run_tail(a, int(blockIdx.x), int(gridDim.x), 1, 0, 1, smem);
@@ -517,19 +536,28 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
 
 // Clusters of 2, 4 and 8 CTAs along y ([1 .. 3]) that an instantiation holds
 // resident at once with its largest shared-memory slice (gemv_configure_mt).
-template <GemvWeight W, int MT, int kCtasPerSm>
+template <GemvWeight W, int MT, int kCtasPerSm, bool kStamps = false>
 inline int gemv_max_clusters[4] = {};
+
+// The buffer of set_small_m_stamps (nullptr: off); read at launch, so a
+// captured graph keeps the value it was captured with.
+extern unsigned long long* g_small_m_stamps;
+// Whether the diagnostics instantiation exists for this kind and tile:
+// wo_a's products of up to 8 rows (two CTAs an SM).
+template <GemvWeight W, int MT>
+inline constexpr bool kGemvHasStamps = W == GemvWeight::kW8A16 && MT == 1;
 
 // Launch of one instantiation (the host code checked the arguments). The
 // splits of a row block sum in a cluster where every row block's cluster
 // fits at once (a portable cluster: up to 8), else through the workspace;
 // returns whether in a cluster.
-template <GemvWeight W, int MT, int kCtasPerSm>
+template <GemvWeight W, int MT, int kCtasPerSm, bool kStamps = false>
 bool gemv_launch_cps(GemvArgs a, int64_t nrb, size_t smem, cudaStream_t stream) {
   const int ci = cluster_size_index(a.splits);
-  a.cluster_sum = ci > 0 && nrb <= gemv_max_clusters<W, MT, kCtasPerSm>[ci];
+  a.cluster_sum = ci > 0 && nrb <= gemv_max_clusters<W, MT, kCtasPerSm, kStamps>[ci];
+  a.stamps = kStamps ? g_small_m_stamps : nullptr;
   const dim3 grid(unsigned(nrb), unsigned(a.splits));
-  pdl_launch_clustered(gemv_kernel<W, MT, kCtasPerSm>, grid, kGemvThreads, smem, stream,
+  pdl_launch_clustered(gemv_kernel<W, MT, kCtasPerSm, kStamps>, grid, kGemvThreads, smem, stream,
                        dim3(1, a.cluster_sum ? unsigned(a.splits) : 1u), a);
   return a.cluster_sum;
 }
@@ -543,19 +571,26 @@ bool gemv_launch_mt(const GemvArgs& a, cudaStream_t stream) {
     if (nrb * a.splits > int64_t(kGemvCtasPerSm<MT>) * device_sm_count())
       return gemv_launch_cps<W, MT, kGemvDenseCtasPerSm>(a, nrb, smem, stream);
   }
+  if constexpr (kGemvHasStamps<W, MT>) {
+    if (g_small_m_stamps != nullptr) return gemv_launch_cps<W, MT, kGemvCtasPerSm<MT>, true>(a, nrb, smem, stream);
+  }
   return gemv_launch_cps<W, MT, kGemvCtasPerSm<MT>>(a, nrb, smem, stream);
 }
 
 // Allows the largest shared-memory slice this instantiation can be launched
 // with, and counts its resident clusters at that slice.
-template <GemvWeight W, int MT, int kCtasPerSm = kGemvCtasPerSm<MT>>
+template <GemvWeight W, int MT, int kCtasPerSm = kGemvCtasPerSm<MT>, bool kStamps = false>
 cudaError_t gemv_configure_mt() {
   size_t smem = gemv_smem_bytes<W>(8 * MT, gemv_max_cta_k(8 * MT));
   if constexpr (W == GemvWeight::kFp8) smem = std::max({smem, sizeof(QHeadSmem), kResidualTailSmem});
-  auto* kernel = gemv_kernel<W, MT, kCtasPerSm>;
+  auto* kernel = gemv_kernel<W, MT, kCtasPerSm, kStamps>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   for (int i = 1; i < 4 && e == cudaSuccess; ++i)
-    e = max_active_clusters(kernel, dim3(1, 1u << i), kGemvThreads, smem, &gemv_max_clusters<W, MT, kCtasPerSm>[i]);
+    e = max_active_clusters(kernel, dim3(1, 1u << i), kGemvThreads, smem,
+                            &gemv_max_clusters<W, MT, kCtasPerSm, kStamps>[i]);
+  if constexpr (kGemvHasStamps<W, MT> && kCtasPerSm == kGemvCtasPerSm<MT> && !kStamps) {
+    if (e == cudaSuccess) e = gemv_configure_mt<W, MT, kCtasPerSm, true>();
+  }
   return e;
 }
 

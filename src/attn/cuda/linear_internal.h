@@ -85,6 +85,7 @@ struct GemvArgs {
   GemvResidualTail residual{};       // kFp8, bf16 y, m <= kGemvTailRows (not with q_head)
   bool global_sum = false;           // GEMM: splits summed through partials and counters, not in a cluster
   bool cluster_sum = false;          // small-M kernel: splits summed in a cluster (set at its launch)
+  unsigned long long* stamps = nullptr;  // small-M kernel's diagnostics (set_small_m_stamps; set at its launch)
 };
 
 // Tokens per MMA tile column set: 8, 16, 32 or 64 (>= m).

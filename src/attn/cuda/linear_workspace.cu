@@ -35,7 +35,7 @@ LinearWorkspace::LinearWorkspace(std::span<const LinearNeeds> needs, size_t cubl
   const size_t total = im.cublas_at + align256(cublas_bytes);
   im.mem = detail::DeviceMem(total);
   if (im.partials_at > 0)  // the counters and the tail's words start at zero
-    detail::check_cuda(cudaMemset(im.mem.get(), 0, im.partials_at), "clearing the split-K counters");
+    detail::check_cuda(cudaMemset(im.mem.get(), 0, im.partials_at), "clearing the split-K counters and the residual tail's words");
 }
 
 LinearWorkspace::~LinearWorkspace() = default;
@@ -125,9 +125,9 @@ LinearNeeds gemv_needs(GemvWeight kind, int64_t n, int64_t k, int max_m, int for
     }
   }
   if (kind == GemvWeight::kFp8) {  // Fp8Linear's tails: the q-head one's counters, then the residual one's
-    if (gemv_head_counters(n) > 0) nd.counters = gemv_counters(n) + gemv_head_counters(n);
+    if (gemv_head_counters(n) > 0) nd.counters = std::max(nd.counters, gemv_counters(n) + gemv_head_counters(n));
     if (gemv_residual_tail_fits(n)) {
-      nd.counters = gemv_residual_counter(n) + 1;
+      nd.counters = std::max(nd.counters, gemv_residual_counter(n) + 1);
       nd.tail_bytes = gemv_residual_tail_bytes(n);
     }
   }

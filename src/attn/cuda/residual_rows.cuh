@@ -31,11 +31,12 @@ __device__ __forceinline__ float4 residual_block_in(const ResidualNormParams& p,
   float4* hp = reinterpret_cast<float4*>(p.h + int64_t(t) * p.h_ld + col);
   float4 a = __ldcg(hp);
   if (p.y) {
-    const uint2 raw = __ldcg(reinterpret_cast<const uint2*>(p.y + int64_t(t) * p.y_ld + col));
-    a.x = __fadd_rn(a.x, bf16_load(uint16_t(raw.x & 0xffffu)));
-    a.y = __fadd_rn(a.y, bf16_load(uint16_t(raw.x >> 16)));
-    a.z = __fadd_rn(a.z, bf16_load(uint16_t(raw.y & 0xffffu)));
-    a.w = __fadd_rn(a.w, bf16_load(uint16_t(raw.y >> 16)));
+    float y[4];
+    bf16x4_floats(__ldcg(reinterpret_cast<const uint2*>(p.y + int64_t(t) * p.y_ld + col)), y);
+    a.x = __fadd_rn(a.x, y[0]);
+    a.y = __fadd_rn(a.y, y[1]);
+    a.z = __fadd_rn(a.z, y[2]);
+    a.w = __fadd_rn(a.w, y[3]);
     *hp = a;
   }
   return a;

@@ -1301,6 +1301,60 @@ TEST_F(LinearCudaTest, BadShapesThrowBeforeLaunching) {
 
 // A decode step's linears captured in a CUDA graph (both paths, split-K with
 // its counters, the fused FP8 output) replay to the eager results.
+// The diagnostics instantiation of the small-M kernel (set_small_m_stamps)
+// gives the plain one's bits, and every CTA of the launch, and nothing past
+// it, stamps each point in order: with splits summed in a cluster (2) and
+// through the workspace (3, where CTAs that only arrive stamp their last two
+// points at once).
+TEST_F(LinearCudaTest, SmallMStampsLeaveTheProductAlone) {
+  std::mt19937_64 rng(67);
+  const int groups = 4;
+  const int64_t n = groups * 256, kg = 768, k = groups * kg;
+  const WeightMatrix w = random_fp8("wo_a", n, kg, rng);
+  W8A16GroupedLinear wo_a(w, groups);
+  constexpr int kPoints = cuda::kSmallMStampCount;
+  for (int splits : {2, 3}) {
+    for (int m : {1, 8}) {
+      const std::string at = "splits " + std::to_string(splits) + " m=" + std::to_string(m);
+      W8A16Options o;
+      o.path = LinearPath::kSmallM;
+      o.splits = splits;
+      wo_a.set_options(o);
+      LinearWorkspace ws({wo_a.needs(m)});
+      DeviceArray<uint16_t> xd(to_bf16(random_activation(m, k, rng)));
+      DeviceAct q(m, n);
+      DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t(m) * n, kPoison16));
+      auto run = [&] {
+        y.upload(std::vector<uint16_t>(size_t(m) * n, kPoison16));
+        q.data->upload(std::vector<uint8_t>(size_t((m + 1) * q.ld), kPoison8));
+        const Fp8ActOut qo = q.out();
+        wo_a.forward(xd.get(), k, m, y.get(), n, &qo, ws, nullptr);
+        sync();
+        return std::make_pair(y.download(), q.data->download());
+      };
+      const auto plain = run();
+      const int ctas = int(n / 128) * splits;
+      DeviceArray<unsigned long long> stamps(std::vector<unsigned long long>(size_t(ctas + 1) * kPoints, 0));
+      cuda::set_small_m_stamps(stamps.get());
+      const auto stamped = run();
+      cuda::set_small_m_stamps(nullptr);
+      const LinearRoute route = wo_a.last_route();
+      ASSERT_EQ(route.kernel_rows, m) << at;
+      EXPECT_EQ(route.splits, splits) << at;
+      EXPECT_EQ(route.kernel_cluster_sum, splits == 2) << at;
+      EXPECT_TRUE(stamped.first == plain.first) << at << ": y";
+      EXPECT_TRUE(stamped.second == plain.second) << at << ": the FP8 output";
+      const std::vector<unsigned long long> h = stamps.download();
+      for (int c = 0; c < ctas; ++c) {
+        EXPECT_NE(h[size_t(c) * kPoints], 0u) << at << ": CTA " << c << " did not stamp its entry";
+        for (int p = 1; p < kPoints; ++p)
+          EXPECT_LE(h[size_t(c) * kPoints + p - 1], h[size_t(c) * kPoints + p]) << at << ": CTA " << c << " point " << p;
+      }
+      for (int p = 0; p < kPoints; ++p) EXPECT_EQ(h[size_t(ctas) * kPoints + p], 0u) << at << ": past the grid";
+    }
+  }
+}
+
 TEST_F(LinearCudaTest, GraphReplayMatchesEagerRuns) {
   std::mt19937_64 rng(61);
   const WeightMatrix w8 = random_fp8("w", 1024, 2048, rng);
