@@ -127,15 +127,13 @@ template <GemvWeight W>
 inline constexpr int kStageK = 2 * GemvKind<W>::kChunkK;
 
 // Shared memory: the decoded activation slice [8 MT][kc / 2 + pad] words
-// (reused for the fp32 output tile), then its scales [8 MT][kc / 128], then
-// the CTA's weight scales [kc / 128].
+// (reused for the fp32 output tile), then its scales [8 MT][kc / 128].
 template <GemvWeight W>
 constexpr size_t gemv_smem_bytes(int tile_rows, int64_t kc) {
   const size_t xs = size_t(tile_rows) * size_t(kc / 2 + GemvKind<W>::kPadWords);
   const size_t ct = size_t(tile_rows) * size_t(kCtStride);
   const size_t sc = W == GemvWeight::kFp8 ? size_t(tile_rows) * size_t(kc / 128) : 0;
-  const size_t wsc = GemvKind<W>::kScaled ? size_t(kc / 128) : 0;
-  return 4 * ((xs > ct ? xs : ct) + sc + wsc);
+  return 4 * ((xs > ct ? xs : ct) + sc);
 }
 
 // ---- the kernel --------------------------------------------------------------
@@ -394,7 +392,6 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
   uint32_t* xs = smem;
   const int xs_words = T * xstride;
   float* xsc = reinterpret_cast<float*>(smem + (xs_words > T * kCtStride ? xs_words : T * kCtStride));
-  float* wsc = xsc + (W == GemvWeight::kFp8 ? T * (kc / 128) : 0);
 
   // This thread's two weight rows (clamped into the matrix; rows past n are never written).
   const int64_t ra = row0 + 16 * warp + g;
@@ -403,28 +400,28 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
   const int64_t row_bytes = a.k * Kind::kElemBytes;
   const uint8_t* wa = wbase + (ra < a.n ? ra : a.n - 1) * row_bytes + k0 * Kind::kElemBytes + 16 * t;
   const uint8_t* wb = wbase + (rbw < a.n ? rbw : a.n - 1) * row_bytes + k0 * Kind::kElemBytes + 16 * t;
-  // The weight scales go to shared memory before the wait: read where a
-  // stage needs them, each was a dependent global load (Nsight Compute put
-  // a quarter of wq_b's stall samples on the multiplies that waited for it).
-  if constexpr (Kind::kScaled) {
-    const float* wscale = a.w_scales + int64_t(blockIdx.x) * a.w_scale_ld + k0 / 128;
-    for (int i = threadIdx.x; i < kc / 128; i += kGemvThreads) wsc[i] = __ldg(wscale + i);
-  }
+  // A stage's weight scale (its 128-wide k block) is loaded with its weight
+  // into the same ring. Read where the stage needs it, each was a dependent
+  // load (Nsight Compute put a quarter of wq_b's stall samples on it);
+  // staged in shared memory before the wait, it held the CTA's first barrier
+  // until it came back, behind the first stages' weight (AF1).
+  const float* wscale = Kind::kScaled ? a.w_scales + int64_t(blockIdx.x) * a.w_scale_ld + k0 / 128 : nullptr;
 
   float acc[MT][4];
 #pragma unroll
   for (int j = 0; j < MT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-  auto load_stage = [&](uint4 (&v)[4], int st) {
+  auto load_stage = [&](uint4 (&v)[4], float& sw, int st) {
     const int64_t off = int64_t(st) * kStage * Kind::kElemBytes;
     constexpr int64_t kChunkBytes = Kind::kChunkK * Kind::kElemBytes;
     v[0] = load_weight16(wa + off);
     v[1] = load_weight16(wb + off);
     v[2] = load_weight16(wa + off + kChunkBytes);
     v[3] = load_weight16(wb + off + kChunkBytes);
+    if constexpr (Kind::kScaled) sw = __ldg(wscale + st);
   };
 
-  auto compute_stage = [&](const uint4 (&v)[4], int st) {
+  auto compute_stage = [&](const uint4 (&v)[4], float sw, int st) {
     float cb[MT][4];  // this 128-block's sums (scaled kinds)
 #pragma unroll
     for (int j = 0; j < MT; ++j) cb[j][0] = cb[j][1] = cb[j][2] = cb[j][3] = 0.0f;
@@ -463,7 +460,6 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
       }
     }
     if constexpr (Kind::kScaled) {
-      const float sw = wsc[st];
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
         float s0 = sw, s1 = sw;
@@ -481,14 +477,19 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
   };
 
   // kGemvDepth stages in flight: stage st lives in buf[st % kGemvDepth]. The
-  // first loads do not need the activation: they fly while it is staged.
+  // first loads do not need the activation: all but the last slot's fly
+  // before the wait (the previous kernel's CTAs may still hold the memory
+  // system), the last slot's right after it, while the activation is staged
+  // (so no stage waits for the staging's barrier to be requested).
   const int stages = kc / kStage;
   uint4 buf[kGemvDepth][4];
+  float sbuf[kGemvDepth] = {};
 #pragma unroll
   for (int i = 0; i < kGemvDepth - 1; ++i)
-    if (i < stages) load_stage(buf[i], i);
+    if (i < stages) load_stage(buf[i], sbuf[i], i);
   pdl_start();  // pdl.cuh: the weights above are read while the previous kernel ends
   stamp(kStampWaited);
+  if (kGemvDepth - 1 < stages) load_stage(buf[kGemvDepth - 1], sbuf[kGemvDepth - 1], kGemvDepth - 1);
   stage_activation<W, T>(a, xs, xstride, xsc, kc, group * a.k + k0);
   __syncthreads();
   stamp(kStampStaged);
@@ -497,8 +498,12 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
     for (int i = 0; i < kGemvDepth; ++i) {
       const int st = base + i;
       if (st < stages) {
-        if (st + kGemvDepth - 1 < stages) load_stage(buf[(i + kGemvDepth - 1) % kGemvDepth], st + kGemvDepth - 1);
-        compute_stage(buf[i], st);
+        const int next = st + kGemvDepth - 1;  // into the slot stage st - 1 left (stage kGemvDepth - 1: loaded above)
+        if (st > 0 && next < stages) {
+          const int slot = (i + kGemvDepth - 1) % kGemvDepth;  // unrolled: a constant
+          load_stage(buf[slot], sbuf[slot], next);
+        }
+        compute_stage(buf[i], sbuf[i], st);
       }
     }
   }
