@@ -15,7 +15,9 @@ namespace dsv4::bench {
 
 class SmallMStamps {
  public:
-  static constexpr int kMaxCtas = 4096;  // wo_a: 64 row blocks x up to 32 splits
+  // Stamped launches are those of two CTAs an SM (larger grids take the
+  // unstamped three-CTA variant), so at most 264 CTAs on an H200; room for more.
+  static constexpr int kMaxCtas = 4096;
 
   SmallMStamps() { check(cudaMalloc(&buf_, bytes()), "cudaMalloc"); }
   ~SmallMStamps() {

@@ -275,8 +275,9 @@ void check_fp8_act(const Fp8Act& x, const std::string& who);
 // instantiation in which thread 0 of each CTA writes %globaltimer (ns) at the
 // points below to stamps[cta * kSmallMStampCount + point], cta = blockIdx.y *
 // gridDim.x + blockIdx.x (split-major); the buffer must hold every CTA of
-// the largest such launch. Read at launch: a graph captured while it is set
-// keeps writing there. nullptr turns it off.
+// the largest such launch. Grids of more than two CTAs an SM run the
+// three-CTA variant, which is not stamped. Read at launch: a graph captured
+// while it is set keeps writing there. nullptr turns it off.
 enum SmallMStamp {
   kStampEntry,    // the CTA's first instruction
   kStampWaited,   // its first weight loads issued and the programmatic-launch wait returned
