@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <vector>
 
 #include "attn/cuda/linear.h"
@@ -54,14 +55,16 @@ class SmallMStamps {
     int late = 0;
     for (int c = 0; c < ctas; ++c) late += at(c, cuda::kStampEntry) > t0;
     std::printf("%s: %d CTAs, %d of them resident only after the first wait returned\n", label, ctas, late);
-    const char* points[] = {"entry", "waited", "staged", "looped", "summed", "written"};
+    constexpr const char* points[] = {"entry", "waited", "staged", "looped", "summed", "written"};
+    static_assert(std::size(points) == cuda::kSmallMStampCount, "a name for every SmallMStamp");
     std::printf("| point | first us | median us | last us |\n|---|---|---|---|\n");
     for (int p = 0; p < cuda::kSmallMStampCount; ++p) {
       std::vector<double> v;
       for (int c = 0; c < ctas; ++c) v.push_back((double(at(c, p)) - double(t0)) * 1e-3);
       print_row(points[p], v);
     }
-    const char* phases[] = {"entry to waited", "staging", "weight loop", "split sum", "outputs"};
+    constexpr const char* phases[] = {"entry to waited", "staging", "weight loop", "split sum", "outputs"};
+    static_assert(std::size(phases) + 1 == cuda::kSmallMStampCount, "a name for every pair of stamps");
     std::printf("| phase of a CTA | shortest us | median us | longest us |\n|---|---|---|---|\n");
     for (int p = 0; p + 1 < cuda::kSmallMStampCount; ++p) {
       std::vector<double> v;

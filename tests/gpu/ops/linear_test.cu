@@ -1299,8 +1299,6 @@ TEST_F(LinearCudaTest, BadShapesThrowBeforeLaunching) {
   for (float v : res.h.download()) ASSERT_EQ(v, 1.0f) << "h was changed";
 }
 
-// A decode step's linears captured in a CUDA graph (both paths, split-K with
-// its counters, the fused FP8 output) replay to the eager results.
 // The diagnostics instantiation of the small-M kernel (set_small_m_stamps)
 // gives the plain one's bits, and every CTA of the launch, and nothing past
 // it, stamps each point in order: with splits summed in a cluster (2) and
@@ -1355,6 +1353,8 @@ TEST_F(LinearCudaTest, SmallMStampsLeaveTheProductAlone) {
   }
 }
 
+// A decode step's linears captured in a CUDA graph (both paths, split-K with
+// its counters, the fused FP8 output) replay to the eager results.
 TEST_F(LinearCudaTest, GraphReplayMatchesEagerRuns) {
   std::mt19937_64 rng(61);
   const WeightMatrix w8 = random_fp8("w", 1024, 2048, rng);
