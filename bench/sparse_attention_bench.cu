@@ -11,7 +11,11 @@
 //             split); this is the number that compares with FlashMLA's
 //   plan      the plan kernel alone (once per step and layer type)
 //   plan+call both, back to back (a step with a single layer of the type)
-// Modes: --quick (batches 1 and 128), --diag (see diagnose), --profile B H EXTRA PAGE
+//   kernel    which kernel run() took: the decode kernel (few tokens, short
+//             rows; its splits a row) or the tile kernel; for decode rows
+//             "tiles us" is the same call forced onto the tile kernel
+// Modes: --quick (batches 1 and 128), --diag (see diagnose), --diag-decode (see
+// diagnose_decode), --profile B H EXTRA PAGE
 // (one configuration, three calls, for Nsight Compute); any of them followed
 // by --single-cta runs H = 128 on one CTA per head block instead of pairs.
 // Data: random pages (no NaN codes, realistic scales), each request with its
@@ -215,12 +219,22 @@ double time_graph(cudaStream_t s, F body, int replays = 30) {
 
 struct Result {
   double call, plan, plan_call;
+  int splits;    // the decode kernel's splits a row, 0: the tile kernel
+  double tiles;  // with splits: the call on the tile kernel
   unsigned long long nans;
 };
 
 Result measure(Problem& pr, cudaStream_t s) {
   dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1, g_single_ctas});
   Result r{};
+  r.splits = attn.decode_splits(pr.p);
+  if (r.splits > 0) {
+    dsv4::SparseAttentionCudaLimits l{pr.tokens, pr.heads, 1, g_single_ctas};
+    l.decode_max_tokens = 0;
+    dsv4::SparseAttentionCuda tiles(l);
+    tiles.plan(pr.p, s);
+    r.tiles = time_graph(s, [&] { tiles.run(pr.p, s); });
+  }
   attn.plan(pr.p, s);
   r.call = time_graph(s, [&] { attn.run(pr.p, s); });
   r.plan = time_graph(s, [&] { attn.plan(pr.p, s); });
@@ -242,7 +256,8 @@ Result measure(Problem& pr, cudaStream_t s) {
 }
 
 // --diag: where the time of one call goes, from the kernel's diagnostics
-// (AttnParams::debug_clock): per CTA the start and end of its tile loop
+// (AttnParams::debug_clock) of the tile kernel, also on the rows the decode
+// kernel would take: per CTA the start and end of its tile loop
 // (%globaltimer) and how long S, V and the producer waited at each of their
 // barriers (kDebug*). Means over the CTAs that had work; the mean and the
 // last loop end from the earliest start.
@@ -257,7 +272,9 @@ void diagnose(cudaStream_t s) {
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Cfg& c : cfgs) {
     Problem pr = make_problem(c.b, c.heads, c.extra, c.page, false, 4242 + c.b);
-    dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1, g_single_ctas});
+    dsv4::SparseAttentionCudaLimits limits{pr.tokens, pr.heads, 1, g_single_ctas};
+    limits.decode_max_tokens = 0;  // the timers are the tile kernel's
+    dsv4::SparseAttentionCuda attn(limits);
     attn.plan(pr.p, s);
     const double call = time_graph(s, [&] { attn.run(pr.p, s); }, 15);
     const int g = attn.grid_size();
@@ -300,11 +317,65 @@ void diagnose(cudaStream_t s) {
   }
 }
 
+// --diag-decode: the decode kernel's phases (kDecode* stamps of the last of
+// kReps back-to-back calls in a graph), in us from the earliest return of a
+// CTA's wait; with the lists' indices read after the wait and before it
+// (ListsReady).
+void diagnose_decode(cudaStream_t s) {
+  struct Cfg {
+    int b, heads, extra, page;
+  };
+  const Cfg cfgs[] = {{1, 64, 0, 0}, {1, 64, 64, 64}, {1, 64, 512, 64}, {1, 128, 512, 64}, {8, 64, 0, 0}, {8, 64, 512, 64}};
+  namespace cu = dsv4::cuda;
+  std::printf("\n| b | H | N | lists ready | call us | CTAs | first entry | median wait | last wait | stored | looped |"
+              " merging | written (median) | written (last) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Cfg& c : cfgs) {
+    for (const bool ready : {false, true}) {
+      Problem pr = make_problem(c.b, c.heads, c.extra, c.page, false, 4343 + c.b);
+      dsv4::SparseAttentionCudaLimits limits{pr.tokens, pr.heads, 1};
+      limits.decode_max_entries = cu::kDecodeMaxEntries;  // also the rows of several chunks a split
+      dsv4::SparseAttentionCuda attn(limits);
+      const int splits = attn.decode_splits(pr.p);
+      if (splits == 0) continue;
+      const int ctas = splits * ((c.heads + 15) / 16) * c.b;
+      const dsv4::ListsReady lr{ready, ready};
+      attn.plan(pr.p, s);
+      const double call = time_graph(s, [&] { attn.run(pr.p, s, 0, {}, lr); }, 15);
+      unsigned long long* d = nullptr;
+      CHECK(cudaMalloc(&d, size_t(ctas) * cu::kDebugSlots * 8));
+      CHECK(cudaMemset(d, 0, size_t(ctas) * cu::kDebugSlots * 8));
+      attn.set_debug_clock(d);
+      time_graph(s, [&] { attn.run(pr.p, s, 0, {}, lr); }, 3);
+      attn.set_debug_clock(nullptr);
+      std::vector<unsigned long long> h(size_t(ctas) * cu::kDebugSlots);
+      CHECK(cudaMemcpy(h.data(), d, h.size() * 8, cudaMemcpyDeviceToHost));
+      cudaFree(d);
+      auto col = [&](int k) {
+        std::vector<double> v;
+        for (int i = 0; i < ctas; ++i) v.push_back(double(h[size_t(i) * cu::kDebugSlots + k]));
+        std::sort(v.begin(), v.end());
+        return v;
+      };
+      const std::vector<double> waited = col(cu::kDecodeWaited);
+      const double t0 = waited.front();
+      auto us = [&](double ns) { return (ns - t0) * 1e-3; };
+      auto med = [&](int k) { return us(col(k)[size_t(ctas) / 2]); };
+      std::printf("| %d | %d | %d | %s | %.1f | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", c.b, c.heads,
+                  128 + c.extra, ready ? "yes" : "no", call, ctas, us(col(cu::kDecodeEntry).front()), med(cu::kDecodeWaited),
+                  us(waited.back()), med(cu::kDecodeStored), med(cu::kDecodeLooped), med(cu::kDecodeMerging),
+                  med(cu::kDecodeWritten), us(col(cu::kDecodeWritten).back()));
+      std::fflush(stdout);
+      free_problem(pr);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool diag = argc > 1 && std::strcmp(argv[1], "--diag") == 0;
+  const bool diag_decode = argc > 1 && std::strcmp(argv[1], "--diag-decode") == 0;
   for (int i = 1; i < argc; ++i)  // --single-cta (after any mode): H = 128 without clusters, for comparison
     if (std::strcmp(argv[i], "--single-cta") == 0) g_single_ctas = true;
   cudaDeviceProp prop{};
@@ -314,6 +385,10 @@ int main(int argc, char** argv) {
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   if (diag) {
     diagnose(s);
+    return 0;
+  }
+  if (diag_decode) {
+    diagnose_decode(s);
     return 0;
   }
   if (argc >= 6 && std::strcmp(argv[1], "--profile") == 0) {
@@ -338,8 +413,8 @@ int main(int argc, char** argv) {
                       {64, 8192, 2, {27.4, 46.2, 244.4, 458.8}}};
   const int batches[] = {1, 8, 64, 128};
   std::printf("\n| H | N = 128 + extra | page | b | call us | plan us | plan+call us | FlashMLA us |"
-              " call / FlashMLA | TFLOP/s | GB/s | roofline us | NaN |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              " call / FlashMLA | TFLOP/s | GB/s | roofline us | NaN | kernel | tiles us |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& row : rows) {
     for (int bi = 0; bi < 4; ++bi) {
       const int b = batches[bi];
@@ -350,10 +425,12 @@ int main(int argc, char** argv) {
       const double flops = 2.0 * row.heads * n * 1024.0 * b, bytes = n * 584.0 * b;
       const double best = r.call;
       const double roof = std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6;
-      std::printf("| %d | 128 + %d | %s | %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f | %.0f | %.1f | %llu |\n",
+      const std::string kernel = r.splits ? "decode (" + std::to_string(r.splits) + ")" : "tiles";
+      const std::string tiles = r.splits ? std::to_string(r.tiles).substr(0, std::to_string(r.tiles).find('.') + 2) : "-";
+      std::printf("| %d | 128 + %d | %s | %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f | %.0f | %.1f | %llu | %s | %s |\n",
                   row.heads, row.extra, row.extra ? std::to_string(row.page).c_str() : "-", b, best, r.plan,
                   r.plan_call, row.flashmla[bi], best / row.flashmla[bi], flops / best * 1e-6, bytes / best * 1e-3,
-                  roof, r.nans);
+                  roof, r.nans, kernel.c_str(), tiles.c_str());
       std::fflush(stdout);
       free_problem(pr);
     }

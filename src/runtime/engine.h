@@ -45,6 +45,9 @@ struct EngineOptions {
   bool cuda_graphs = true;
   bool cuda_lanes = true;
   int64_t cuda_lanes_max_tokens = 128;
+  // CUDA: steps of up to this many rows run the sparse attention's decode
+  // kernel (0: always its tile kernel).
+  int cuda_attention_decode_max_tokens = 16;
   Profile profile = Profile::kProduction;
   IndexKeyFormat index_keys = IndexKeyFormat::kMxfp4;
   CacheWorkload workload;

@@ -30,31 +30,50 @@ class SparseAttentionCudaTest : public ::testing::Test {
   }
 };
 
+// The kernel run() takes for a call: the decode kernel (sparse_mla_decode.cu)
+// or the tile kernel with its combine.
+enum class Path { kDecode, kTiles };
+const char* path_name(Path k) { return k == Path::kDecode ? "decode kernel" : "tile kernel"; }
+
+// Limits that send a call of `tokens` tokens down `path` where its rows allow.
+SparseAttentionCudaLimits limits_for(int tokens, Path path, bool single_ctas = false) {
+  SparseAttentionCudaLimits l{tokens, 128, 1, single_ctas};
+  l.decode_max_tokens = path == Path::kDecode ? tokens : 0;
+  l.decode_max_entries = cuda::kDecodeMaxEntries;  // splits of up to four chunks too
+  return l;
+}
+
 // Plans, runs (outputs poisoned first) and compares with the reference.
-// lse_rel adds a bound relative to |lse| (see LargeLogits).
+// lse_rel adds a bound relative to |lse| (see LargeLogits). Calls the decode
+// kernel takes (few tokens, short rows) run on both kernels.
 void run_and_check(const CaseSpec& spec, int max_tokens = 0, double lse_rel = 0.0, bool single_ctas = false) {
   const HostCase hc = make_case(spec);
   DeviceCase dc(hc);
-  SparseAttentionCuda attn({max_tokens > 0 ? max_tokens : spec.tokens, 128, 1, single_ctas});
-  std::vector<uint16_t> out;
-  std::vector<float> lse;
-  dc.plan_run_download(attn, out, lse);
   const Reference ref = reference(hc.params());
-  CompareStats st = compare(ref, out, lse, spec.tokens, spec.heads);
-  if (lse_rel > 0) {  // re-check lse with the relative allowance
-    st.bad_lse = 0;
-    for (size_t i = 0; i < lse.size(); ++i) {
-      const double r = ref.lse[i], g = lse[i];
-      const bool ok = std::isinf(r) ? (std::isinf(g) && g < 0) : std::fabs(g - r) <= 1e-5 + lse_rel * std::fabs(r);
-      st.bad_lse += !ok;
+  for (const Path path : {Path::kDecode, Path::kTiles}) {
+    SparseAttentionCuda attn(limits_for(max_tokens > 0 ? max_tokens : spec.tokens, path, single_ctas));
+    const bool decode = attn.decode_splits(dc.p) > 0;
+    if (path == Path::kDecode && !decode) continue;  // rows too long or too many tokens: the tile kernel only
+    EXPECT_EQ(decode, path == Path::kDecode);
+    std::vector<uint16_t> out;
+    std::vector<float> lse;
+    dc.plan_run_download(attn, out, lse);
+    CompareStats st = compare(ref, out, lse, spec.tokens, spec.heads);
+    if (lse_rel > 0) {  // re-check lse with the relative allowance
+      st.bad_lse = 0;
+      for (size_t i = 0; i < lse.size(); ++i) {
+        const double r = ref.lse[i], g = lse[i];
+        const bool ok = std::isinf(r) ? (std::isinf(g) && g < 0) : std::fabs(g - r) <= 1e-5 + lse_rel * std::fabs(r);
+        st.bad_lse += !ok;
+      }
     }
+    EXPECT_EQ(st.bad_rows, 0) << path_name(path) << ": " << st.first_failure << " (nan rows " << st.nan_rows << ")";
+    EXPECT_EQ(st.bad_lse, 0) << path_name(path) << ": " << st.first_failure;
+    ::testing::Test::RecordProperty("max_rel_l2", std::to_string(st.max_rel));
+    ::testing::Test::RecordProperty("max_lse_diff", std::to_string(st.max_lse_diff));
+    std::printf("    %s: rows %d  max rel L2 %.3e  max |lse diff| %.3e  max |lse| %.1f\n", path_name(path), st.rows,
+                st.max_rel, st.max_lse_diff, st.max_abs_lse);
   }
-  EXPECT_EQ(st.bad_rows, 0) << st.first_failure << " (nan rows " << st.nan_rows << ")";
-  EXPECT_EQ(st.bad_lse, 0) << st.first_failure;
-  ::testing::Test::RecordProperty("max_rel_l2", std::to_string(st.max_rel));
-  ::testing::Test::RecordProperty("max_lse_diff", std::to_string(st.max_lse_diff));
-  std::printf("    rows %d  max rel L2 %.3e  max |lse diff| %.3e  max |lse| %.1f\n", st.rows, st.max_rel,
-              st.max_lse_diff, st.max_abs_lse);
 }
 
 // ---- the dequantization itself: bit-exact against the CPU codec -------------
@@ -207,12 +226,79 @@ TEST_F(SparseAttentionCudaTest, SanitizerSmall) {
   run_and_check({.tokens = 2, .heads = 128, .extra_width = 512, .extra_page = 2, .empty_rows = 1, .seed = 29});
 }
 
+// ---- the decode kernel ------------------------------------------------------
+
+TEST_F(SparseAttentionCudaTest, DecodeKernelTakesFewTokensWithShortRows) {
+  const HostCase hc = make_case({.tokens = 4, .heads = 64, .extra_width = 512, .seed = 80});
+  DeviceCase dc(hc);
+  SparseAttentionCuda defaults({16, 128, 1});
+  EXPECT_EQ(defaults.decode_splits(dc.p), 0);  // 640 entries: more than a chunk a split
+  SparseAttentionCudaLimits longer{16, 128, 1};
+  longer.decode_max_entries = cuda::kDecodeMaxEntries;
+  SparseAttentionCuda attn(longer);
+  SparseAttentionParams p = dc.p;
+  EXPECT_EQ(attn.decode_splits(p), 8);  // 640 entries: 8 splits of a cluster
+  p.extra.width = 0;
+  EXPECT_EQ(attn.decode_splits(p), 4);  // the window alone: a chunk of 32 a split
+  EXPECT_EQ(defaults.decode_splits(p), 4);
+  p.extra.width = 128;
+  EXPECT_EQ(defaults.decode_splits(p), 8);  // 256 entries: the longest rows by default
+  p.extra.width = 0;
+  p.swa.width = 0;
+  EXPECT_EQ(attn.decode_splits(p), 1);  // nothing to attend: one split writes the zeros
+  p = dc.p;
+  p.extra.width = cuda::kDecodeMaxEntries - p.swa.width + 1;
+  EXPECT_EQ(attn.decode_splits(p), 0);  // rows too long
+  p = dc.p;
+  p.num_tokens = 17;
+  EXPECT_EQ(attn.decode_splits(p), 0);  // too many tokens
+  SparseAttentionCuda tiles(limits_for(16, Path::kTiles));
+  EXPECT_EQ(tiles.decode_splits(dc.p), 0);
+  EXPECT_THROW(SparseAttentionCuda(SparseAttentionCudaLimits{4, 64, 1, false, -1}), Error);
+  EXPECT_THROW(SparseAttentionCuda(SparseAttentionCudaLimits{4, 64, 1, false, 16, cuda::kDecodeMaxEntries + 1}), Error);
+}
+
+TEST_F(SparseAttentionCudaTest, DecodeKernelShapes) {
+  // One token (batch-1 decode: window only, and C4A's 640 entries), a few
+  // tokens with pages of 2, 3 and 64, head counts that pad a group of 16
+  // (4, 96) and H = 128; ragged rows shorter than the splits, holes and
+  // out-of-range slots; empty rows.
+  run_and_check({.tokens = 1, .heads = 64, .seed = 81});
+  run_and_check({.tokens = 1, .heads = 64, .extra_width = 512, .extra_page = 64, .ragged = false, .seed = 82});
+  run_and_check({.tokens = 4, .heads = 128, .extra_width = 512, .extra_page = 2, .empty_rows = 1, .seed = 83});
+  run_and_check({.tokens = 16, .heads = 64, .extra_width = 896, .extra_page = 3, .seed = 84});
+  run_and_check({.tokens = 8, .heads = 4, .extra_width = 64, .extra_page = 2, .empty_rows = 2, .seed = 85});
+  run_and_check({.tokens = 3, .heads = 96, .swa_width = 20, .extra_width = 44, .extra_page = 64, .seed = 86});
+  run_and_check({.tokens = 12, .heads = 64, .extra_width = 64, .extra_page = 64, .hole_rate = 0.5, .seed = 87});
+}
+
+// Lists marked ready are read before the kernel's wait: the same bits.
+TEST_F(SparseAttentionCudaTest, DecodeKernelListsReadyGiveTheSameBits) {
+  const HostCase hc = make_case({.tokens = 4, .heads = 64, .extra_width = 512, .extra_page = 2, .seed = 88});
+  DeviceCase dc(hc);
+  SparseAttentionCuda attn(limits_for(4, Path::kDecode));
+  ASSERT_GT(attn.decode_splits(dc.p), 0);
+  std::vector<uint16_t> plain, ready;
+  std::vector<float> plain_lse, ready_lse;
+  dc.plan_run_download(attn, plain, plain_lse);
+  dc.poison();
+  attn.run(dc.p, nullptr, 0, {}, ListsReady{true, true});
+  DSV4_CUDA_OK(cudaDeviceSynchronize());
+  dc.download(ready, ready_lse);
+  EXPECT_EQ(std::memcmp(plain.data(), ready.data(), plain.size() * 2), 0);
+  EXPECT_EQ(std::memcmp(plain_lse.data(), ready_lse.data(), plain_lse.size() * 4), 0);
+  const CompareStats st = compare(reference(hc.params()), ready, ready_lse, 4, 64);
+  EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
+}
+
 // ---- graph capture, determinism, plan slots, errors ---------------------------
 
-TEST_F(SparseAttentionCudaTest, GraphCaptureReplayMatchesEagerBitwise) {
-  const HostCase hc = make_case({.tokens = 8, .heads = 128, .extra_width = 1024, .extra_page = 2, .seed = 30});
+// spec: a call, on the kernel `path` takes for it.
+void check_graph_replay(const CaseSpec& spec, Path path) {
+  const HostCase hc = make_case(spec);
   DeviceCase dc(hc);
-  SparseAttentionCuda attn({8, 128, 1});
+  SparseAttentionCuda attn(limits_for(spec.tokens, path));
+  ASSERT_EQ(attn.decode_splits(dc.p) > 0, path == Path::kDecode);
   cudaStream_t s;
   DSV4_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   dc.poison(s);
@@ -242,8 +328,13 @@ TEST_F(SparseAttentionCudaTest, GraphCaptureReplayMatchesEagerBitwise) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(s);
-  const CompareStats st = compare(reference(hc.params()), out, lse, 8, 128);
+  const CompareStats st = compare(reference(hc.params()), out, lse, spec.tokens, spec.heads);
   EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
+}
+
+TEST_F(SparseAttentionCudaTest, GraphCaptureReplayMatchesEagerBitwise) {
+  check_graph_replay({.tokens = 8, .heads = 128, .extra_width = 1024, .extra_page = 2, .seed = 30}, Path::kTiles);
+  check_graph_replay({.tokens = 4, .heads = 64, .extra_width = 512, .extra_page = 64, .seed = 33}, Path::kDecode);
 }
 
 // A plain kernel queued right after run() must see the finished output:
@@ -254,7 +345,7 @@ __global__ void copy_words(const uint32_t* src, uint32_t* dst, size_t n) {
 }
 
 TEST_F(SparseAttentionCudaTest, KernelAfterRunSeesTheOutput) {
-  for (const int extra : {0, 8192}) {  // whole units only / rows split over many CTAs
+  for (const int extra : {0, 8192, 512}) {  // whole units only / rows split over many CTAs / the decode kernel
     const HostCase hc = make_case({.tokens = extra ? 2 : 200, .heads = 64, .extra_width = extra, .extra_page = 2, .seed = 41});
     DeviceCase dc(hc);
     SparseAttentionCuda attn({hc.spec.tokens, 64, 1});
@@ -277,12 +368,14 @@ TEST_F(SparseAttentionCudaTest, KernelAfterRunSeesTheOutput) {
   }
 }
 
-TEST_F(SparseAttentionCudaTest, RepeatedRunsWithOnePlanAreBitwiseEqual) {
-  // Many split units, merged by the combine kernel each call: any race or
-  // order dependence in the merge would show as a difference.
-  const HostCase hc = make_case({.tokens = 3, .heads = 64, .extra_width = 8192, .extra_page = 2, .seed = 31});
+// Many split units, merged by the combine kernel (or in the decode kernel's
+// clusters) each call: any race or order dependence in the merge would
+// show as a difference.
+void check_repeated_runs(const CaseSpec& spec, Path path) {
+  const HostCase hc = make_case(spec);
   DeviceCase dc(hc);
-  SparseAttentionCuda attn({3, 64, 1});
+  SparseAttentionCuda attn(limits_for(spec.tokens, path));
+  ASSERT_EQ(attn.decode_splits(dc.p) > 0, path == Path::kDecode);
   attn.plan(dc.p, nullptr);
   std::vector<uint16_t> first_out, out;
   std::vector<float> first_lse, lse;
@@ -299,8 +392,13 @@ TEST_F(SparseAttentionCudaTest, RepeatedRunsWithOnePlanAreBitwiseEqual) {
     ASSERT_EQ(std::memcmp(out.data(), first_out.data(), out.size() * 2), 0) << "rep " << rep;
     ASSERT_EQ(std::memcmp(lse.data(), first_lse.data(), lse.size() * 4), 0) << "rep " << rep;
   }
-  const CompareStats st = compare(reference(hc.params()), out, lse, 3, 64);
+  const CompareStats st = compare(reference(hc.params()), out, lse, spec.tokens, spec.heads);
   EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
+}
+
+TEST_F(SparseAttentionCudaTest, RepeatedRunsWithOnePlanAreBitwiseEqual) {
+  check_repeated_runs({.tokens = 3, .heads = 64, .extra_width = 8192, .extra_page = 2, .seed = 31}, Path::kTiles);
+  check_repeated_runs({.tokens = 3, .heads = 128, .extra_width = 512, .extra_page = 2, .seed = 34}, Path::kDecode);
 }
 
 TEST_F(SparseAttentionCudaTest, PlanSlotsAreIndependent) {
@@ -330,7 +428,7 @@ TEST_F(SparseAttentionCudaTest, PlanSlotsAreIndependent) {
 // token that attends the entry is affected. Entries 5 and 40 are gathered
 // by different warpgroups; bytes 100 and 30 fall in record steps that the
 // two CTAs of a pair (H = 128) dequantize separately.
-void check_nan_code(int heads, int byte) {
+void check_nan_code(int heads, int byte, Path path) {
   HostCase hc = make_case({.tokens = 4, .heads = heads, .ragged = false, .hole_rate = 0, .oor_rate = 0, .seed = 50});
   for (int pos : {5, 40}) {
     const int32_t slot = hc.swa_idx[size_t(2) * 128 + pos];  // token 2
@@ -341,7 +439,8 @@ void check_nan_code(int heads, int byte) {
     page[fp8_ds_mla_data_offset(slot % 64) + byte + (pos == 40 ? 64 : 0)] = 0x7f;
   }
   DeviceCase dc(hc);
-  SparseAttentionCuda attn({4, 128, 1});
+  SparseAttentionCuda attn(limits_for(4, path));
+  ASSERT_EQ(attn.decode_splits(dc.p) > 0, path == Path::kDecode);
   std::vector<uint16_t> out;
   std::vector<float> lse;
   dc.plan_run_download(attn, out, lse);
@@ -365,10 +464,11 @@ void check_nan_code(int heads, int byte) {
 // combine's). Positions span 0 ..
 // 1,048,575; the check that the rotation changed the output keeps the
 // comparison from passing on two unrotated outputs.
-void check_fused_output_rope(const CaseSpec& spec) {
+void check_fused_output_rope(const CaseSpec& spec, Path path = Path::kTiles) {
   const HostCase hc = make_case(spec);
   DeviceCase dc(hc);
-  SparseAttentionCuda attn({spec.tokens, 128, 1});
+  SparseAttentionCuda attn(limits_for(spec.tokens, path));
+  ASSERT_EQ(attn.decode_splits(dc.p) > 0, path == Path::kDecode);
   std::mt19937_64 rng(spec.seed);
   std::vector<int32_t> pos(size_t(spec.tokens));
   for (int32_t& x : pos) x = int32_t(rng() % 1048576);
@@ -408,11 +508,17 @@ TEST_F(SparseAttentionCudaTest, FusedOutputRopeMatchesItsOwnKernel) {
   check_fused_output_rope({.tokens = 40, .heads = 128, .extra_width = 1024, .extra_page = 2, .empty_rows = 5,
                            .seed = 72});  // clusters, mixed, empty rows
   check_fused_output_rope({.tokens = 9, .heads = 96, .extra_width = 512, .seed = 73});  // a partial head block
+  // The decode kernel's merge: one split, eight, a padded group.
+  check_fused_output_rope({.tokens = 1, .heads = 64, .swa_width = 32, .seed = 74}, Path::kDecode);
+  check_fused_output_rope({.tokens = 5, .heads = 128, .extra_width = 512, .extra_page = 2, .empty_rows = 1, .seed = 75},
+                          Path::kDecode);
+  check_fused_output_rope({.tokens = 9, .heads = 96, .extra_width = 512, .seed = 73}, Path::kDecode);
 }
 
 TEST_F(SparseAttentionCudaTest, NanCodeInAnAttendedEntryGivesNan) {
   for (int heads : {64, 128})
-    for (int byte : {100, 30}) check_nan_code(heads, byte);
+    for (int byte : {100, 30})
+      for (const Path path : {Path::kDecode, Path::kTiles}) check_nan_code(heads, byte, path);
 }
 
 TEST_F(SparseAttentionCudaTest, ZeroTokensIsANoOp) {

@@ -81,7 +81,9 @@ class CudaBackend final : public AttentionBackend {
     const StepDims cap = step_capacity(spec, cuda);
     for (const LayerWeights& w : weights) layers_.push_back(std::make_unique<cuda::CudaLayer>(config, w, options.index_keys, cuda::LinearOptions{}));
     make_lanes(cap.tokens);
-    attention_ = std::make_unique<SparseAttentionCuda>(SparseAttentionCudaLimits{cap.tokens, config.num_heads, kNumLayerTypes});
+    SparseAttentionCudaLimits attn{cap.tokens, config.num_heads, kNumLayerTypes};
+    attn.decode_max_tokens = cuda.attention_decode_max_tokens;
+    attention_ = std::make_unique<SparseAttentionCuda>(attn);
     if (config.count_layers(LayerType::kC4A) > 0)
       indexer_ = std::make_unique<IndexerSelectCuda>(IndexerSelectCudaLimits{cap.tokens, config.index_topk});
     memory_ = std::make_unique<cuda::StepMemory>(config, options.index_keys, cap.tokens);

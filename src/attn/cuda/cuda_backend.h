@@ -26,6 +26,9 @@ struct CudaBackendOptions {
   // Same results, bit for bit.
   bool lanes = true;
   int64_t lanes_max_tokens = 128;
+  // Steps of up to this many rows run the sparse attention on its decode
+  // kernel (SparseAttentionCudaLimits::decode_max_tokens; 0: never).
+  int attention_decode_max_tokens = 16;
 };
 
 // True when a CUDA device is present and usable.

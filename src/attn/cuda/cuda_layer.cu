@@ -372,7 +372,9 @@ void CudaLayer::output_rope_table(const StepBuffers& b) const {
 
 void CudaLayer::attend(StepBuffers& b, bool rotate_out) {
   const OutputRope rope{rotate_out ? b.out_rope_cs[int(type_)] : nullptr};
-  b.attention->run(attention_params(b), b.stream, int(type_), rope);
+  // The window's and C128A's lists are step metadata; C4A's come from the indexer in this layer.
+  const ListsReady ready{true, type_ == LayerType::kC128A};
+  b.attention->run(attention_params(b), b.stream, int(type_), rope, ready);
 }
 
 bool CudaLayer::project_out(StepBuffers& b, bool rotate_out, const ResidualNormParams* then) {

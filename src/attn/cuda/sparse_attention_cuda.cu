@@ -128,6 +128,12 @@ SparseAttentionCuda::SparseAttentionCuda(const SparseAttentionCudaLimits& limits
   try {
     DSV4_REQUIRE(limits.max_tokens >= 0 && limits.max_heads > 0 && limits.num_plans > 0,
             "sparse attention (cuda): bad limits");
+    DSV4_REQUIRE(limits.decode_max_tokens >= 0 && limits.decode_max_tokens <= 65535,
+            "sparse attention (cuda): decode_max_tokens must be in [0, 65535]");
+    DSV4_REQUIRE(limits.decode_max_entries >= 0 && limits.decode_max_entries <= cuda::kDecodeMaxEntries,
+            "sparse attention (cuda): decode_max_entries must be in [0, " + std::to_string(cuda::kDecodeMaxEntries) + "]");
+    const int dec = cuda::decode_attention_prepare();
+    if (dec < 0) cuda_check(cudaError_t(-dec), "preparing the decode kernel");
     impl_->limits = limits;
     const int single = cuda::attention_grid(1), pairs = cuda::attention_grid(2);
     if (single < 0) cuda_check(cudaError_t(-single), "preparing the attention kernel");
@@ -157,6 +163,14 @@ SparseAttentionCuda::~SparseAttentionCuda() { delete impl_; }
 
 void SparseAttentionCuda::set_debug_clock(unsigned long long* clock) { impl_->debug_clock = clock; }
 
+int SparseAttentionCuda::decode_splits(const SparseAttentionParams& p) const {
+  const int64_t width = int64_t(p.swa.width) + p.extra.width;
+  const SparseAttentionCudaLimits& l = impl_->limits;
+  if (p.num_tokens <= 0 || p.num_tokens > l.decode_max_tokens || width > l.decode_max_entries) return 0;
+  // One chunk a split where the row allows it, up to the cluster's size.
+  return int(std::clamp<int64_t>((width + cuda::kDecodeChunk - 1) / cuda::kDecodeChunk, 1, cuda::kDecodeMaxSplits));
+}
+
 const SparseAttentionCudaLimits& SparseAttentionCuda::limits() const { return impl_->limits; }
 int SparseAttentionCuda::grid_size() const { return impl_->grid; }
 size_t SparseAttentionCuda::workspace_bytes() const { return impl_->bytes; }
@@ -176,7 +190,8 @@ void SparseAttentionCuda::plan(const SparseAttentionParams& p, CUstream_st* stre
   cuda_check(cudaGetLastError(), "plan kernel launch");
 }
 
-void SparseAttentionCuda::run(const SparseAttentionParams& p, CUstream_st* stream, int slot, const OutputRope& out_rope) {
+void SparseAttentionCuda::run(const SparseAttentionParams& p, CUstream_st* stream, int slot, const OutputRope& out_rope,
+                              ListsReady ready) {
   DSV4_REQUIRE(slot >= 0 && slot < int(impl_->plans.size()), "sparse attention (cuda): no plan slot " + std::to_string(slot));
   check_sparse_attention_cuda_params(p, impl_->limits);
   const Impl::PlanSlot& s = impl_->plans[slot];
@@ -188,6 +203,13 @@ void SparseAttentionCuda::run(const SparseAttentionParams& p, CUstream_st* strea
   if (p.num_tokens == 0) return;
   cuda::AttnParams a = impl_->params(p, s);
   a.rope_cs = reinterpret_cast<const float2*>(out_rope.cos_sin);
+  a.swa_ready = ready.swa;
+  a.extra_ready = ready.extra;
+  if (const int splits = decode_splits(p); splits > 0) {
+    cuda::launch_decode_attention(a, splits, stream);
+    cuda_check(cudaGetLastError(), "decode attention kernel launch");
+    return;
+  }
   cuda::launch_attention(a, stream);
   cuda_check(cudaGetLastError(), "attention kernel launch");
   cuda::launch_combine(a, stream);

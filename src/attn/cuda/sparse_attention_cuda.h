@@ -10,7 +10,9 @@
 //                          device. Shared by every layer of that type.
 //   run(p, stream, slot)   two kernels per layer: attention, then the combine
 //                          of rows that were split across multiprocessors
-//                          (launched to overlap the attention kernel's tail).
+//                          (launched to overlap the attention kernel's tail);
+//                          or, for a few tokens with short rows (decode), one
+//                          kernel that merges its splits in clusters.
 // Both only launch kernels (no allocation, no synchronisation), so a decode
 // step can be captured in a CUDA graph. The object owns all device memory,
 // sized at construction from the limits.
@@ -39,6 +41,16 @@ struct OutputRope {
   const float* cos_sin = nullptr;  // device, [num_tokens][32][2]: (cos, -sin) per pair; null: no rotation
 };
 
+// Which index lists of a call were complete before the step's plan kernel
+// (sparse_mla_plan.cu, which lets no later kernel start before it ends):
+// the step's metadata, built before its first layer. The decode kernel
+// reads their indices before its programmatic-dependent-launch wait; the
+// records they point to are still read after it.
+struct ListsReady {
+  bool swa = false;
+  bool extra = false;
+};
+
 struct SparseAttentionCudaLimits {
   int max_tokens = 0;  // tokens of one call
   int max_heads = 128;
@@ -46,6 +58,15 @@ struct SparseAttentionCudaLimits {
   // Pairs of head blocks (H = 128) on separate CTAs instead of clusters of
   // two (tests and comparisons keep that path exercised).
   bool pairs_on_single_ctas = false;
+  // Calls of at most decode_max_tokens tokens whose rows (SWA plus extra
+  // width) have at most decode_max_entries entries run the decode kernel
+  // (sparse_mla_decode.cu) instead of the tile kernel and its combine;
+  // decode_max_tokens 0 never does (tests and comparisons). Up to 256
+  // entries each of its splits runs one chunk of 32; longer rows (up to
+  // 1,024) run up to four chunks a split, which measured slower than the
+  // tile kernel at one token (docs/perf-notes.md, run AG3).
+  int decode_max_tokens = 16;
+  int decode_max_entries = 256;
 };
 
 class SparseAttentionCuda {
@@ -57,12 +78,19 @@ class SparseAttentionCuda {
   SparseAttentionCuda& operator=(const SparseAttentionCuda&) = delete;
 
   void plan(const SparseAttentionParams& p, CUstream_st* stream, int slot = 0);
-  void run(const SparseAttentionParams& p, CUstream_st* stream, int slot = 0, const OutputRope& out_rope = {});
+  void run(const SparseAttentionParams& p, CUstream_st* stream, int slot = 0, const OutputRope& out_rope = {},
+           ListsReady ready = {});
 
   // Diagnostics (benchmark only): run() then uses the kernel instantiation
   // that times every wait into `clock` (kDebugSlots zeroed entries per CTA,
-  // sparse_mla_internal.cuh); null turns it off.
+  // sparse_mla_internal.cuh: grid_size() CTAs for the tile kernel, splits x
+  // ceil(heads / 16) x tokens for the decode kernel, which writes the
+  // kDecode* stamps); null turns it off.
   void set_debug_clock(unsigned long long* clock);
+
+  // The decode kernel's splits of a row for this call, or 0 where run()
+  // takes the tile kernel.
+  int decode_splits(const SparseAttentionParams& p) const;
 
   const SparseAttentionCudaLimits& limits() const;
   int grid_size() const;           // CTAs of the attention kernel (one per SM)

@@ -126,6 +126,51 @@ __device__ __forceinline__ bool has_nan_codes(uint4 v) {
   return (e4m3_nan_flags(v.x) | e4m3_nan_flags(v.y) | e4m3_nan_flags(v.z) | e4m3_nan_flags(v.w)) != 0;
 }
 
+// ---- one entry's record, a quarter per thread ---------------------------------
+// Four threads share an entry: thread q (0..3) reads record chunks q + 4 j:
+// fp8 chunks q + 4 j for j < 7 (scale block j), then the bf16 chunks
+// 28 + q + 4 j for j < 2. A quad reads 64 contiguous bytes per load.
+struct Quarter {
+  uint4 c[9];
+  uint2 scales;
+  bool valid;
+};
+__host__ __device__ constexpr int record_chunk(int q, int step) { return step < 7 ? q + 4 * step : 28 + q + 4 * (step - 7); }
+
+// Cached loads; nothing is read for an empty or out-of-range slot (zeros).
+__device__ __forceinline__ void load_quarter(const AttnParams& p, EntryRef r, int q, Quarter& x) {
+  const RecordPtrs rp = record_ptrs(p, r);
+  x.valid = rp.data != nullptr;
+  const uint4* d = reinterpret_cast<const uint4*>(rp.data);
+#pragma unroll
+  for (int i = 0; i < 9; ++i) x.c[i] = x.valid ? __ldg(d + record_chunk(q, i)) : make_uint4(0, 0, 0, 0);
+  x.scales = x.valid ? __ldg(reinterpret_cast<const uint2*>(rp.scales)) : make_uint2(0, 0);
+}
+
+// The scale byte of step `step` (< 7: 64-dim block `step`) of a quarter.
+__device__ __forceinline__ uint32_t step_scale(uint2 scales, int step) {
+  return (step < 4 ? scales.x >> (8 * step) : scales.y >> (8 * (step - 4))) & 0xffu;
+}
+
+// Record chunk k < 28 (16 e4m3 codes v, sb: the scale byte of its 64-dim
+// block) as 16 bf16: dims 16 k .. 16 k + 7 in lo, the next 8 in hi. NaN
+// codes (never written by the quantizer) come out NaN, as on the CPU.
+__device__ __forceinline__ void dequant_record_chunk(uint4 v, uint32_t sb, uint4& lo, uint4& hi) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  const ScaleFactors f = scale_factors(sb);
+  uint32_t o[8];
+  if (sb <= 134u)
+    dequant_chunk<false>(w, f, o);
+  else  // scales >= 2^8: never produced for real caches, exact two-step path
+    dequant_chunk<true>(w, f, o);
+  lo = make_uint4(o[0], o[1], o[2], o[3]);
+  hi = make_uint4(o[4], o[5], o[6], o[7]);
+  if (has_nan_codes(v)) {
+    lo = patch_nan_codes(v.x, v.y, lo);
+    hi = patch_nan_codes(v.z, v.w, hi);
+  }
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);

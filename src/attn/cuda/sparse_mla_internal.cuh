@@ -76,6 +76,11 @@ struct AttnParams {
   float* partial_o;         // [grid][2][64][512] unnormalised fp32 outputs (CTA c: slot c / cluster, head block c % cluster of the unit)
   float2* partial_ml;       // [grid][2][64] {running max (log2 units), sum of exp2}
   int grid;                 // CTAs of the attention kernel: work slots * cluster
+  // The decode kernel may read these lists' indices (not their records)
+  // before its PDL wait: they were written before the step's plan kernel
+  // (step metadata; sparse_attention_cuda.h: ListsReady).
+  bool swa_ready;
+  bool extra_ready;
   // Diagnostics for the benchmark only (null in normal use): per CTA,
   // kDebugSlots zero-initialised entries (kDebug* below), in nanoseconds.
   unsigned long long* debug_clock;
@@ -90,6 +95,25 @@ inline constexpr int kDebugSPFree = 4;        // time S waited for V to free P
 inline constexpr int kDebugVPReady = 5;       // time V waited for S's P
 inline constexpr int kDebugVEmpty = 6;        // time V waited for a free K buffer
 inline constexpr int kDebugVStage = 7;        // time V waited for its staged records (cp.async)
+// The decode kernel's stamps (%globaltimer, per CTA in grid order).
+inline constexpr int kDecodeEntry = 0;   // the CTA started
+inline constexpr int kDecodeWaited = 1;  // its PDL wait returned
+inline constexpr int kDecodeStored = 2;  // the first chunk's K rows and Q in shared memory
+inline constexpr int kDecodeLooped = 3;  // every chunk done
+inline constexpr int kDecodeMerging = 4; // the splits' O and statistics visible (cluster barrier)
+inline constexpr int kDecodeWritten = 5; // this CTA's outputs written
+
+// The decode kernel (sparse_mla_decode.cu): rows of at most
+// kDecodeMaxEntries entries cut into at most kDecodeMaxSplits splits of a
+// cluster, in chunks of kDecodeChunk entries.
+inline constexpr int kDecodeMaxSplits = 8;  // the portable cluster size
+inline constexpr int kDecodeChunk = 32;
+inline constexpr int kDecodeMaxEntries = kDecodeMaxSplits * kDecodeChunk * 4;  // at most 4 chunks a CTA
+// Raises its dynamic shared-memory limit: 0, or -cudaError_t.
+int decode_attention_prepare();
+// Grid (splits, ceil(heads / 16), tokens); reads the row lengths from p.plan
+// (a plan for the same call), so it runs after plan() like the tile kernel.
+void launch_decode_attention(const AttnParams& p, int splits, cudaStream_t stream);
 
 // Raises the attention kernel's dynamic shared-memory limit and returns how
 // many of its CTAs (in clusters of `cluster`, 1 or 2) are resident at once

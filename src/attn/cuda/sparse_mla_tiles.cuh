@@ -116,27 +116,8 @@ __device__ __forceinline__ void timed(const AttnParams& p, bool timer, int k, Wa
 
 // ----------------------------------------------------------------------------
 // Producer. Thread tp (0..127) serves entry e = tp / 4 of each tile and its
-// record chunks q + 4 j (q = tp % 4): fp8 chunks q + 4 j for j < 7 (scale
-// block j), then the bf16 chunks 28 + q + 4 j for j < 2. A quad reads 64
-// contiguous bytes per load.
+// record quarter q = tp % 4 (Quarter, sparse_mla_common.cuh).
 // ----------------------------------------------------------------------------
-struct Quarter {
-  uint4 c[9];
-  uint2 scales;
-  bool valid;
-};
-__host__ __device__ constexpr int record_chunk(int q, int step) { return step < 7 ? q + 4 * step : 28 + q + 4 * (step - 7); }
-
-// Cached loads; nothing is read for an empty or out-of-range slot (zeros).
-__device__ __forceinline__ void load_quarter(const AttnParams& p, EntryRef r, int q, Quarter& x) {
-  const RecordPtrs rp = record_ptrs(p, r);
-  x.valid = rp.data != nullptr;
-  const uint4* d = reinterpret_cast<const uint4*>(rp.data);
-#pragma unroll
-  for (int i = 0; i < 9; ++i) x.c[i] = x.valid ? __ldg(d + record_chunk(q, i)) : make_uint4(0, 0, 0, 0);
-  x.scales = x.valid ? __ldg(reinterpret_cast<const uint2*>(rp.scales)) : make_uint2(0, 0);
-}
-
 // Dequantizes record chunk k (16 bytes v; sb: the scale byte of its 64-dim
 // block when k < 28) into row e of the K buffer at kbuf.
 __device__ __forceinline__ void store_chunk(uint8_t* kbuf, int e, int k, uint4 v, uint32_t sb) {
@@ -144,27 +125,10 @@ __device__ __forceinline__ void store_chunk(uint8_t* kbuf, int e, int k, uint4 v
     *reinterpret_cast<uint4*>(kbuf + chunk_off(e, k + 28)) = v;
     return;
   }
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  const ScaleFactors f = scale_factors(sb);
-  uint32_t o[8];
-  if (sb <= 134u)
-    dequant_chunk<false>(w, f, o);
-  else  // scales >= 2^8: never produced for real caches, exact two-step path
-    dequant_chunk<true>(w, f, o);
-  const uint4 lo = make_uint4(o[0], o[1], o[2], o[3]), hi = make_uint4(o[4], o[5], o[6], o[7]);
-  uint4* dst_lo = reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k));
-  uint4* dst_hi = reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k + 1));
-  *dst_lo = lo;
-  *dst_hi = hi;
-  if (has_nan_codes(v)) {  // never written by the quantizer; before the row is read or copied to the peer
-    *dst_lo = patch_nan_codes(v.x, v.y, lo);
-    *dst_hi = patch_nan_codes(v.z, v.w, hi);
-  }
-}
-
-// The scale byte of step `step` (< 7: 64-dim block `step`) of a quarter.
-__device__ __forceinline__ uint32_t step_scale(uint2 scales, int step) {
-  return (step < 4 ? scales.x >> (8 * step) : scales.y >> (8 * (step - 4))) & 0xffu;
+  uint4 lo, hi;
+  dequant_record_chunk(v, sb, lo, hi);  // before the row is read or copied to the peer
+  *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k)) = lo;
+  *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k + 1)) = hi;
 }
 
 // Dequantizes one quarter into row e of the K buffer at kbuf.

@@ -1,0 +1,388 @@
+// Sparse MLA attention for decode steps: a few tokens whose rows are short
+// (SPEC §4.6). Same semantics and numerics as the tile kernel
+// (sparse_mla_kernel.cu); sparse_attention_cuda.cu picks this one when the
+// call has at most SparseAttentionCudaLimits::decode_max_tokens tokens and
+// rows of at most kDecodeMaxEntries entries.
+//
+// Why a second kernel. At one token the tile kernel's work is a handful of
+// 64-entry tiles: a few of its persistent CTAs (226 KB of shared memory each,
+// so none becomes resident while the previous kernel holds its SM) run one
+// tile each for all 64 heads, write 128 KB of fp32 partials apiece, and a
+// second kernel merges them. Here the work is cut the other way: CTA
+// (s, g, t) runs the 16 heads of group g (one m16 tile of mma.sync) of token
+// t over split s of the row's entries, in 50 KB of shared memory. The splits
+// of a (token, group) are one cluster and merge through distributed shared
+// memory: no partials in global memory, no second kernel.
+//
+// Per CTA, chunks of 32 entries: the 128 threads gather and dequantize the
+// records into bf16 rows (a quarter record per thread, as the tile kernel's
+// producer); warp w computes S for entries 8w..8w+7 of the 16 heads; the
+// warps exchange row maxima through shared memory and write P (bf16); warp w
+// computes O += P V for dims 128w..128w+127. The next chunk's records load
+// into registers while the current chunk is computed.
+//
+// Numerics as the tile kernel: q.k with bf16 operands and fp32 accumulation
+// in two chains (even and odd k steps), scaled after; exp2 in fp32; P rounded
+// to bf16 for P V while the row sum adds the fp32 values; the splits merged
+// against their common maximum in rank order (deterministic); the output
+// rounded to bf16, then rotated (AttnParams::rope_cs).
+#include "attn/cuda/pdl.cuh"
+#include "attn/cuda/sparse_mla_common.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+using namespace mla;
+
+constexpr int kThreads = 128;
+constexpr int kHeads = 16;  // heads per CTA: the m16 of mma.sync
+constexpr int kChunk = 32;  // entries per chunk: 8 per warp in S
+constexpr int kRowBytes = 1024;  // a bf16 row of 512 dims
+constexpr int kPRow = 80;        // bytes of a P row: 32 bf16, 16 of padding (conflict-free ldmatrix)
+// Shared memory.
+constexpr int kSmQ = 0;                            // Q: 16 rows
+constexpr int kSmK = kSmQ + kHeads * kRowBytes;    // K (= V): 32 rows
+constexpr int kSmP = kSmK + kChunk * kRowBytes;    // P: 16 rows
+constexpr int kSmMask = kSmP + kHeads * kPRow;     // [32] entry valid
+constexpr int kSmRed = kSmMask + kChunk;           // [4 warps][16 rows] floats: maxima, then sums
+constexpr int kSmStats = kSmRed + 4 * kHeads * 4;  // [16] {m, l} of this split
+constexpr int kSmBytes = kSmStats + kHeads * 8;
+constexpr int kMaxChunks = kDecodeMaxEntries / (kDecodeMaxSplits * kChunk);  // chunks of a split at most
+static_assert(kChunk == kDecodeChunk, "the host's splits count chunks of this size");
+static_assert(kMaxChunks == 4, "the chunk loop picks refs[1..3] by hand");
+// After the chunks: this split's unnormalised fp32 O, over Q and K.
+constexpr int kORow = 512 + 8;  // floats a row; the padding spreads the rows' stores over banks
+constexpr int kSmO = 0;
+static_assert(kSmO + kHeads * kORow * 4 <= kSmP, "O fits over Q and K");
+
+// Byte offset of 16-byte chunk c (8 dims) of row r: rows of 1024 bytes, the
+// chunk's low three bits XOR the row's, so that ldmatrix's eight rows of one
+// chunk column hit eight different bank groups.
+__device__ __forceinline__ uint32_t row_chunk(int r, int c) { return uint32_t(r * kRowBytes + ((c ^ (r & 7)) << 4)); }
+
+// Entry `pos` of token t's row (its SWA list, then its extra list); nothing
+// at or past `end`.
+__device__ __forceinline__ EntryRef row_entry(const AttnParams& p, int t, int ls, int pos, int end) {
+  EntryRef r{-1, -1};
+  if (pos >= end) return r;
+  if (pos < ls) {
+    r.slot = __ldg(p.swa.indices + int64_t(t) * p.swa.width + pos);
+    r.list = 0;
+  } else {
+    r.slot = __ldg(p.extra.indices + int64_t(t) * p.extra.width + (pos - ls));
+    r.list = 1;
+  }
+  return r;
+}
+
+// Thread (e, q)'s quarter record as bf16 into K row e (record chunk k < 28:
+// K chunks 2k, 2k + 1; the bf16 chunks k >= 28: K chunk k + 28).
+__device__ __forceinline__ void store_quarter_rows(uint8_t* kbuf, int e, int q, const Quarter& x) {
+#pragma unroll
+  for (int step = 0; step < 9; ++step) {
+    const int k = record_chunk(q, step);
+    if (k >= 28) {
+      *reinterpret_cast<uint4*>(kbuf + row_chunk(e, k + 28)) = x.c[step];
+    } else {
+      uint4 lo, hi;
+      dequant_record_chunk(x.c[step], step_scale(x.scales, step), lo, hi);
+      *reinterpret_cast<uint4*>(kbuf + row_chunk(e, 2 * k)) = lo;
+      *reinterpret_cast<uint4*>(kbuf + row_chunk(e, 2 * k + 1)) = hi;
+    }
+  }
+}
+
+// S = Q K^T for the 16 heads and warp w's entries 8w..8w+7 (fragment: rows
+// g, g + 8; entries 8w + 2 q4, + 1), in two chains of k steps.
+__device__ __forceinline__ void scores(uint32_t sbase, int warp, int lane, float (&s)[4]) {
+  float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  s[0] = s[1] = s[2] = s[3] = 0.0f;
+  // ldmatrix rows: A (Q) matrix i = lane / 8 is rows 8 (i & 1) + lane % 8 of
+  // chunk column i / 2; B (K) matrix i is chunk column i of entries 8w + lane % 8.
+  const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_col = lane >> 4;
+  const int b_row = 8 * warp + (lane & 7), b_col = lane >> 3;
+#pragma unroll
+  for (int kp = 0; kp < 16; ++kp) {  // k steps 2 kp (chunks 4 kp, + 1) and 2 kp + 1 (chunks 4 kp + 2, + 3)
+    uint32_t bk[4], aq[4];
+    ldmatrix_x4(bk, sbase + kSmK + row_chunk(b_row, 4 * kp + b_col));
+    ldmatrix_x4(aq, sbase + kSmQ + row_chunk(a_row, 4 * kp + a_col));
+    mma_bf16_16816(s, aq, bk[0], bk[1]);
+    ldmatrix_x4(aq, sbase + kSmQ + row_chunk(a_row, 4 * kp + 2 + a_col));
+    mma_bf16_16816(sd, aq, bk[2], bk[3]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) s[i] += sd[i];
+}
+
+// O += P V for warp w's dims 128w..128w+127 over the chunk's 32 entries
+// (acc[j]: rows g, g + 8; dims 128w + 8j + 2 q4, + 1).
+__device__ __forceinline__ void add_pv(uint32_t sbase, int warp, int lane, float (&acc)[16][4]) {
+  const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_col = lane >> 4;
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {  // entries 16 kk .. 16 kk + 15
+    uint32_t ap[4];
+    ldmatrix_x4(ap, sbase + kSmP + a_row * kPRow + (2 * kk + a_col) * 16);
+    // V transposed: matrix i is entries 16 kk + 8 (i & 1) + lane % 8 of
+    // chunk column 16 w + 2 jp + i / 2.
+    const int v_row = 16 * kk + a_row;
+#pragma unroll
+    for (int jp = 0; jp < 8; ++jp) {
+      uint32_t bv[4];
+      ldmatrix_x4_trans(bv, sbase + kSmK + row_chunk(v_row, 16 * warp + 2 * jp + a_col));
+      mma_bf16_16816(acc[2 * jp], ap, bv[0], bv[1]);
+      mma_bf16_16816(acc[2 * jp + 1], ap, bv[2], bv[3]);
+    }
+  }
+}
+
+// The splits' merge: this CTA's items of the (token, group)'s output, each
+// a float4 of a head row (heads rank, rank + S, ...; float4 threadIdx.x),
+// merged over the S splits' O and {m, l} in rank order (SPEC §4.6:
+// o = sum w_r O_r / (L + 2^(sink log2 e - M))). Every load of every item
+// is issued before any is used: distributed shared memory answers in about
+// 0.2 us, and loads one after another cost that each (runs AG2-AG3).
+template <int S>
+__device__ __forceinline__ void merge_splits(const AttnParams& p, const uint8_t* smem, uint32_t sbase, int t,
+                                             int head0, int rank) {
+  constexpr int kRopeF4 = 448 / 4;  // the first float4 of the rotary dims
+  constexpr int kItems = (kHeads + S - 1) / S;
+  const int f = int(threadIdx.x), heads = min(kHeads, p.num_heads - head0);
+  float4 v[kItems][S];
+  float2 ml[kItems][S];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int h = rank + i * S;
+    if (h >= heads) break;  // padded heads: no output
+    const uint32_t o_off = kSmO + 4 * (h * kORow + 4 * f), s_off = kSmStats + 8 * h;
+#pragma unroll
+    for (int r = 0; r < S; ++r) {
+      if constexpr (S == 1) {
+        v[i][r] = *reinterpret_cast<const float4*>(smem + o_off);
+        ml[i][r] = *reinterpret_cast<const float2*>(smem + s_off);
+      } else {
+        v[i][r] = ld_cluster_f4(map_to_cta(sbase + o_off, uint32_t(r)));
+        ml[i][r] = ld_cluster_f2(map_to_cta(sbase + s_off, uint32_t(r)));
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int h = rank + i * S;
+    if (h >= heads) break;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < S; ++r) mx = fmaxf(mx, ml[i][r].x);
+    const float base = mx == -INFINITY ? 0.0f : mx;  // nothing attended: every weight is 0
+    float l = 0.0f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int r = 0; r < S; ++r) {
+      const float w = fast_exp2(ml[i][r].x - base);
+      l += w * ml[i][r].y;
+      o = make_float4(o.x + w * v[i][r].x, o.y + w * v[i][r].y, o.z + w * v[i][r].z, o.w + w * v[i][r].w);
+    }
+    // mx = -inf: exp2(+inf) = inf, inv = 0, o = 0.
+    const float inv = 1.0f / (l + fast_exp2(p.sink[head0 + h] * kLog2e - mx));
+    uint2 word = make_uint2(pack_bf16(o.x * inv, o.y * inv), pack_bf16(o.z * inv, o.w * inv));
+    if (p.rope_cs != nullptr && f >= kRopeF4) {
+      const float4 cs = __ldg(reinterpret_cast<const float4*>(p.rope_cs + int64_t(t) * 32 + 2 * (f - kRopeF4)));
+      word = make_uint2(rope_rotate_bf16x2(word.x, make_float2(cs.x, cs.y)),
+                        rope_rotate_bf16x2(word.y, make_float2(cs.z, cs.w)));
+    }
+    const int64_t row = int64_t(t) * p.num_heads + head0 + h;
+    *reinterpret_cast<uint2*>(p.out + row * 512 + 4 * f) = word;
+    if (f == 0 && p.lse != nullptr) p.lse[row] = l > 0.0f ? mx * kLn2 + logf(l) : -INFINITY;
+  }
+}
+
+// merge_splits for the launch's split count (1 .. kDecodeMaxSplits).
+__device__ __forceinline__ void merge(const AttnParams& p, const uint8_t* smem, uint32_t sbase, int t, int head0,
+                                      int rank, int splits) {
+  static_assert(kDecodeMaxSplits == 8, "one case a split count");
+  switch (splits) {
+    case 1: merge_splits<1>(p, smem, sbase, t, head0, rank); break;
+    case 2: merge_splits<2>(p, smem, sbase, t, head0, rank); break;
+    case 3: merge_splits<3>(p, smem, sbase, t, head0, rank); break;
+    case 4: merge_splits<4>(p, smem, sbase, t, head0, rank); break;
+    case 5: merge_splits<5>(p, smem, sbase, t, head0, rank); break;
+    case 6: merge_splits<6>(p, smem, sbase, t, head0, rank); break;
+    case 7: merge_splits<7>(p, smem, sbase, t, head0, rank); break;
+    default: merge_splits<8>(p, smem, sbase, t, head0, rank); break;
+  }
+}
+
+// A quarter record's lines into L2 (the quad's 64-byte pieces and the scales).
+__device__ __forceinline__ void prefetch_quarter(const AttnParams& p, EntryRef r, int q) {
+  const RecordPtrs rp = record_ptrs(p, r);
+  if (rp.data == nullptr) return;
+#pragma unroll
+  for (int i = 0; i < 9; ++i) prefetch_l2(rp.data + 16 * record_chunk(q, i));
+  if (q == 0) prefetch_l2(rp.scales);
+}
+
+// kDiag: the benchmark's instantiation, whose thread 0 stamps the phases
+// (kDecode*) into p.debug_clock.
+template <bool kDiag>
+__global__ void __launch_bounds__(kThreads) decode_attention_kernel(const __grid_constant__ AttnParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int cta = int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+  auto stamp = [&](int k) {
+    if constexpr (kDiag)
+      if (threadIdx.x == 0) p.debug_clock[cta * kDebugSlots + k] = global_timer_ns();
+  };
+  stamp(kDecodeEntry);
+  const int splits = int(gridDim.x), rank = int(blockIdx.x), t = int(blockIdx.z), head0 = int(blockIdx.y) * kHeads;
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, q4 = lane & 3;
+  const int e = tid >> 2, q = tid & 3;  // the gather: entry e of a chunk, record quarter q
+  const uint32_t sbase = smem_u32(smem);
+  // The row's lengths from the plan, before the wait (the plan kernel lets
+  // nothing start before it ends: pdl.cuh); this split's entries [a, b).
+  const int4 info = __ldg(p.plan.unit_info + int64_t(t) * p.plan_head_blocks);
+  const int ls = info.y, n = info.y + info.z;
+  const int a = int(int64_t(n) * rank / splits), b = int(int64_t(n) * (rank + 1) / splits);
+  const int chunks = (b - a + kChunk - 1) / kChunk;
+  // This thread's entry of every chunk: the indices, then the records into
+  // L2, all at once (a chunk's records then come from L2 in the register
+  // pipeline below). Before the wait where the list is step metadata; the
+  // records themselves may still be written by an earlier kernel (this
+  // layer's own token), so they are read after it (an L2 prefetch is safe:
+  // L2 is where writes land).
+  EntryRef refs[kMaxChunks];
+  bool have[kMaxChunks];
+#pragma unroll
+  for (int k = 0; k < kMaxChunks; ++k) {
+    const int pos = a + k * kChunk + e;
+    have[k] = pos >= b || (pos < ls ? p.swa_ready : p.extra_ready);
+    refs[k] = have[k] ? row_entry(p, t, ls, pos, b) : EntryRef{-1, -1};
+  }
+#pragma unroll
+  for (int k = 0; k < kMaxChunks; ++k)
+    if (have[k]) prefetch_quarter(p, refs[k], q);
+  wait_for_prior_grids();
+  stamp(kDecodeWaited);
+#pragma unroll
+  for (int k = 0; k < kMaxChunks; ++k)
+    if (!have[k]) refs[k] = row_entry(p, t, ls, a + k * kChunk + e, b);
+#pragma unroll
+  for (int k = 0; k < kMaxChunks; ++k)
+    if (!have[k]) prefetch_quarter(p, refs[k], q);
+
+  for (int i = tid; i < kHeads * 64; i += kThreads) {  // Q rows; padded heads read as zeros
+    const int row = i >> 6, c = i & 63, head = head0 + row;
+    const bool valid = head < p.num_heads;
+    const uint16_t* src = p.q + (int64_t(t) * p.num_heads + (valid ? head : 0)) * 512 + c * 8;
+    cp_async_16(sbase + kSmQ + row_chunk(row, c), src, valid ? 16 : 0);
+  }
+  cp_async_commit();
+  Quarter x;
+  load_quarter(p, refs[0], q, x);
+
+  float* red = reinterpret_cast<float*>(smem + kSmRed);
+  float acc[16][4];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  for (int k = 0; k < chunks; ++k) {
+    if (k > 0) __syncthreads();  // every warp's P V of the last chunk is done with K, P and the maxima
+    store_quarter_rows(smem + kSmK, e, q, x);
+    if (q == 0) smem[kSmMask + e] = x.valid ? 1 : 0;
+    if (k + 1 < chunks)  // the next chunk's records: in flight during this chunk's math
+      load_quarter(p, k == 0 ? refs[1] : k == 1 ? refs[2] : refs[3], q, x);
+    if (k == 0) cp_async_wait_group<0>();
+    __syncthreads();
+    if (k == 0) stamp(kDecodeStored);
+
+    float s[4];
+    scores(sbase, warp, lane, s);
+    const int e0 = 8 * warp + 2 * q4;
+    const bool v0 = smem[kSmMask + e0] != 0, v1 = smem[kSmMask + e0 + 1] != 0;
+    s[0] = v0 ? s[0] * p.scale_log2 : -INFINITY;
+    s[1] = v1 ? s[1] * p.scale_log2 : -INFINITY;
+    s[2] = v0 ? s[2] * p.scale_log2 : -INFINITY;
+    s[3] = v1 ? s[3] * p.scale_log2 : -INFINITY;
+    const float wm0 = quad_max(fmaxf(s[0], s[1])), wm1 = quad_max(fmaxf(s[2], s[3]));
+    if (q4 == 0) {
+      red[warp * kHeads + g] = wm0;
+      red[warp * kHeads + g + 8] = wm1;
+    }
+    __syncthreads();
+    const float mx0 = fmaxf(fmaxf(red[g], red[kHeads + g]), fmaxf(red[2 * kHeads + g], red[3 * kHeads + g]));
+    const float mx1 =
+        fmaxf(fmaxf(red[g + 8], red[kHeads + g + 8]), fmaxf(red[2 * kHeads + g + 8], red[3 * kHeads + g + 8]));
+    const float mn0 = fmaxf(m_run[0], mx0), mn1 = fmaxf(m_run[1], mx1);
+    // Rows with nothing attended yet keep max -inf: use 0 as the exponent base.
+    const float base0 = mn0 == -INFINITY ? 0.0f : mn0, base1 = mn1 == -INFINITY ? 0.0f : mn1;
+    const float alpha0 = fast_exp2(m_run[0] - base0), alpha1 = fast_exp2(m_run[1] - base1);
+    m_run[0] = mn0;
+    m_run[1] = mn1;
+    const float p0 = fast_exp2(s[0] - base0), p1 = fast_exp2(s[1] - base0);
+    const float p2 = fast_exp2(s[2] - base1), p3 = fast_exp2(s[3] - base1);
+    l_run[0] = l_run[0] * alpha0 + (p0 + p1);
+    l_run[1] = l_run[1] * alpha1 + (p2 + p3);
+    *reinterpret_cast<uint32_t*>(smem + kSmP + g * kPRow + 2 * e0) = pack_bf16(p0, p1);
+    *reinterpret_cast<uint32_t*>(smem + kSmP + (g + 8) * kPRow + 2 * e0) = pack_bf16(p2, p3);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      acc[j][0] *= alpha0;
+      acc[j][1] *= alpha0;
+      acc[j][2] *= alpha1;
+      acc[j][3] *= alpha1;
+    }
+    __syncthreads();  // all of P
+    add_pv(sbase, warp, lane, acc);
+  }
+  cp_async_wait_group<0>();  // a split without entries never waited for Q, which O overwrites
+  // Only now may the next kernel (wo_a) start its CTAs: they begin reading
+  // their weights before their wait, which slowed this kernel's record
+  // loads when it came right after the wait (run AG2).
+  launch_dependents();
+
+  // The row sums: over the quad, then over the warps in order.
+  const float lq0 = quad_sum(l_run[0]), lq1 = quad_sum(l_run[1]);
+  __syncthreads();  // every warp's P V is done: O may overwrite Q and K, the sums the maxima
+  if (q4 == 0) {
+    red[warp * kHeads + g] = lq0;
+    red[warp * kHeads + g + 8] = lq1;
+  }
+  float* o = reinterpret_cast<float*>(smem + kSmO);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int d = 128 * warp + 8 * j + 2 * q4;
+    *reinterpret_cast<float2*>(o + g * kORow + d) = make_float2(acc[j][0], acc[j][1]);
+    *reinterpret_cast<float2*>(o + (g + 8) * kORow + d) = make_float2(acc[j][2], acc[j][3]);
+  }
+  __syncthreads();
+  stamp(kDecodeLooped);
+  if (warp == 0 && q4 == 0) {
+    float2* stats = reinterpret_cast<float2*>(smem + kSmStats);
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const int r = g + 8 * ri;
+      stats[r] = make_float2(m_run[ri], ((red[r] + red[kHeads + r]) + red[2 * kHeads + r]) + red[3 * kHeads + r]);
+    }
+  }
+  if (splits > 1) cluster_sync(); else __syncthreads();  // every split's O and {m, l}
+  stamp(kDecodeMerging);
+  merge(p, smem, sbase, t, head0, rank, splits);
+  stamp(kDecodeWritten);
+  if (splits > 1) cluster_sync();  // no CTA leaves while another may still read its shared memory
+}
+
+}  // namespace
+
+int decode_attention_prepare() {
+  for (auto k : {decode_attention_kernel<false>, decode_attention_kernel<true>}) {
+    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmBytes);
+    if (e != cudaSuccess) return -int(e);
+  }
+  return 0;
+}
+
+void launch_decode_attention(const AttnParams& p, int splits, cudaStream_t stream) {
+  const unsigned groups = unsigned((p.num_heads + kHeads - 1) / kHeads);
+  auto kernel = p.debug_clock != nullptr ? decode_attention_kernel<true> : decode_attention_kernel<false>;
+  pdl_launch_clustered(kernel, dim3(unsigned(splits), groups, unsigned(p.num_tokens)), dim3(kThreads),
+                       kSmBytes, stream, dim3(unsigned(splits)), p);
+}
+
+}  // namespace dsv4::cuda
