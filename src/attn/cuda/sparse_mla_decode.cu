@@ -2,7 +2,9 @@
 // (SPEC §4.6). Same semantics and numerics as the tile kernel
 // (sparse_mla_kernel.cu); sparse_attention_cuda.cu picks this one when the
 // call has at most SparseAttentionCudaLimits::decode_max_tokens tokens and
-// rows of at most kDecodeMaxEntries entries.
+// rows of at most decode_max_entries entries (256 by default: one chunk a
+// split; up to kDecodeMaxEntries, four chunks a split, measured slower than
+// the tile kernel at one token: docs/perf-notes.md, run AG3).
 //
 // Why a second kernel. At one token the tile kernel's work is a handful of
 // 64-entry tiles: a few of its persistent CTAs (226 KB of shared memory each,
