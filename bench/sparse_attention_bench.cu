@@ -15,9 +15,10 @@
 //             rows; its splits a row) or the tile kernel; for decode rows
 //             "tiles us" is the same call forced onto the tile kernel
 // Modes: --quick (batches 1 and 128), --diag (see diagnose), --diag-decode (see
-// diagnose_decode), --profile B H EXTRA PAGE
+// diagnose_decode), --decode-variants (see decode_variants), --profile B H EXTRA PAGE
 // (one configuration, three calls, for Nsight Compute); any of them followed
-// by --single-cta runs H = 128 on one CTA per head block instead of pairs.
+// by --single-cta runs H = 128 on one CTA per head block instead of pairs;
+// --warps N: --diag-decode on the decode kernel's N-warp instantiation.
 // Data: random pages (no NaN codes, realistic scales), each request with its
 // own pages in a random order: SWA window of 128 over 3 pages; C4A (page 64)
 // top-k picked at random among 16384 compressed entries; C128A (page 2) all
@@ -45,6 +46,7 @@ namespace {
 // --single-cta: H = 128 without clusters, for comparison (a run option, not
 // process state the library reads).
 bool g_single_ctas = false;
+int g_decode_warps = 0;  // --warps N (--diag-decode): 0, the automatic choice
 
 constexpr int kReps = 20;
 constexpr double kPeakFlops = dsv4::bench::kPeakBf16;
@@ -255,6 +257,11 @@ Result measure(Problem& pr, cudaStream_t s) {
   return r;
 }
 
+// A --diag row: batch, heads, extra width (beside the 128 SWA entries) and page size.
+struct DiagRow {
+  int b, heads, extra, page;
+};
+
 // --diag: where the time of one call goes, from the kernel's diagnostics
 // (AttnParams::debug_clock) of the tile kernel, also on the rows the decode
 // kernel would take: per CTA the start and end of its tile loop
@@ -262,15 +269,12 @@ Result measure(Problem& pr, cudaStream_t s) {
 // barriers (kDebug*). Means over the CTAs that had work; the mean and the
 // last loop end from the earliest start.
 void diagnose(cudaStream_t s) {
-  struct Cfg {
-    int b, heads, extra, page;
-  };
-  const Cfg cfgs[] = {{1, 64, 0, 0}, {128, 64, 0, 0}, {1, 64, 1024, 2}, {128, 64, 512, 64}, {1, 64, 8192, 2}, {128, 128, 1024, 64}};
+  const DiagRow cfgs[] = {{1, 64, 0, 0}, {128, 64, 0, 0}, {1, 64, 1024, 2}, {128, 64, 512, 64}, {1, 64, 8192, 2}, {128, 128, 1024, 64}};
   namespace cu = dsv4::cuda;
   std::printf("\n| b | H | N | call us | CTAs | loop end us | last end us | S waited for K us | S waited for P free us |"
               " V waited for P us | V waited for K buffer us | producer waited us | V waited for its records us |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const Cfg& c : cfgs) {
+  for (const DiagRow& c : cfgs) {
     Problem pr = make_problem(c.b, c.heads, c.extra, c.page, false, 4242 + c.b);
     dsv4::SparseAttentionCudaLimits limits{pr.tokens, pr.heads, 1, g_single_ctas};
     limits.decode_max_tokens = 0;  // the timers are the tile kernel's
@@ -322,18 +326,17 @@ void diagnose(cudaStream_t s) {
 // CTA's wait; with the lists' indices read after the wait and before it
 // (ListsReady).
 void diagnose_decode(cudaStream_t s) {
-  struct Cfg {
-    int b, heads, extra, page;
-  };
-  const Cfg cfgs[] = {{1, 64, 0, 0}, {1, 64, 64, 64}, {1, 64, 512, 64}, {1, 128, 512, 64}, {8, 64, 0, 0}, {8, 64, 512, 64}};
+  const DiagRow cfgs[] = {{1, 64, 0, 0}, {1, 64, 64, 64}, {1, 64, 512, 64}, {1, 128, 512, 64}, {8, 64, 0, 0}, {8, 64, 512, 64}};
   namespace cu = dsv4::cuda;
   std::printf("\n| b | H | N | lists ready | call us | CTAs | first entry | median wait | last wait | stored | looped |"
               " merging | written (median) | written (last) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const Cfg& c : cfgs) {
+  for (const DiagRow& c : cfgs) {
     for (const bool ready : {false, true}) {
       Problem pr = make_problem(c.b, c.heads, c.extra, c.page, false, 4343 + c.b);
       dsv4::SparseAttentionCudaLimits limits{pr.tokens, pr.heads, 1};
       limits.decode_max_entries = cu::kDecodeMaxEntries;  // also the rows of several chunks a split
+      limits.decode_max_work = int64_t(c.b) * cu::kDecodeMaxEntries;
+      limits.decode_warps = g_decode_warps;
       dsv4::SparseAttentionCuda attn(limits);
       const int splits = attn.decode_splits(pr.p);
       if (splits == 0) continue;
@@ -370,14 +373,48 @@ void diagnose_decode(cudaStream_t s) {
   }
 }
 
+// --decode-variants: decode-sized calls (H = 64, 128 window entries plus
+// 0-896 extra on pages of 64) on the tile kernel and on each of the decode
+// kernel's instantiations (4, 8 and 16 warps a CTA), µs a call: the table
+// behind SparseAttentionCuda::decode_warps' choice.
+void decode_variants(cudaStream_t s) {
+  std::printf("\n| b | N | tiles us | 4 warps us (splits) | 8 warps us (splits) | 16 warps us (splits) |\n"
+              "|---|---|---|---|---|---|\n");
+  for (const int b : {1, 2, 4, 8, 16}) {
+    for (const int extra : {0, 64, 256, 512, 896}) {
+      Problem pr = make_problem(b, 64, extra, 64, false, 4545 + b + extra);
+      dsv4::SparseAttentionCudaLimits tl{pr.tokens, pr.heads, 1};
+      tl.decode_max_tokens = 0;
+      dsv4::SparseAttentionCuda tiles(tl);
+      tiles.plan(pr.p, s);
+      std::printf("| %d | %d | %.1f |", b, 128 + extra, time_graph(s, [&] { tiles.run(pr.p, s); }));
+      for (const int warps : {4, 8, 16}) {
+        dsv4::SparseAttentionCudaLimits l{pr.tokens, pr.heads, 1};
+        l.decode_max_entries = dsv4::cuda::kDecodeMaxEntries;
+        l.decode_max_work = int64_t(b) * dsv4::cuda::kDecodeMaxEntries;
+        l.decode_warps = warps;
+        dsv4::SparseAttentionCuda attn(l);
+        attn.plan(pr.p, s);
+        std::printf(" %.1f (%d) |", time_graph(s, [&] { attn.run(pr.p, s); }), attn.decode_splits(pr.p));
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+      free_problem(pr);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool diag = argc > 1 && std::strcmp(argv[1], "--diag") == 0;
   const bool diag_decode = argc > 1 && std::strcmp(argv[1], "--diag-decode") == 0;
-  for (int i = 1; i < argc; ++i)  // --single-cta (after any mode): H = 128 without clusters, for comparison
+  const bool variants = argc > 1 && std::strcmp(argv[1], "--decode-variants") == 0;
+  for (int i = 1; i < argc; ++i) {  // --single-cta (after any mode): H = 128 without clusters, for comparison
     if (std::strcmp(argv[i], "--single-cta") == 0) g_single_ctas = true;
+    if (std::strcmp(argv[i], "--warps") == 0 && i + 1 < argc) g_decode_warps = std::atoi(argv[++i]);  // --diag-decode's CTAs
+  }
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -389,6 +426,10 @@ int main(int argc, char** argv) {
   }
   if (diag_decode) {
     diagnose_decode(s);
+    return 0;
+  }
+  if (variants) {
+    decode_variants(s);
     return 0;
   }
   if (argc >= 6 && std::strcmp(argv[1], "--profile") == 0) {
@@ -426,11 +467,12 @@ int main(int argc, char** argv) {
       const double best = r.call;
       const double roof = std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6;
       const std::string kernel = r.splits ? "decode (" + std::to_string(r.splits) + ")" : "tiles";
-      const std::string tiles = r.splits ? std::to_string(r.tiles).substr(0, std::to_string(r.tiles).find('.') + 2) : "-";
+      char tiles[32] = "-";
+      if (r.splits) std::snprintf(tiles, sizeof tiles, "%.1f", r.tiles);
       std::printf("| %d | 128 + %d | %s | %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f | %.0f | %.1f | %llu | %s | %s |\n",
                   row.heads, row.extra, row.extra ? std::to_string(row.page).c_str() : "-", b, best, r.plan,
                   r.plan_call, row.flashmla[bi], best / row.flashmla[bi], flops / best * 1e-6, bytes / best * 1e-3,
-                  roof, r.nans, kernel.c_str(), tiles.c_str());
+                  roof, r.nans, kernel.c_str(), tiles);
       std::fflush(stdout);
       free_problem(pr);
     }

@@ -15,7 +15,10 @@
 //    up to N rows (EngineOptions::cuda_lanes_max_tokens; default 128).
 //  - --attn-decode-max N: the sparse attention's decode kernel in steps of up
 //    to N rows (EngineOptions::cuda_attention_decode_max_tokens; default 16;
-//    0: the tile kernel and its combine in every step).
+//    0: the tile kernel and its combine in every step); --attn-decode-entries
+//    N: for rows of up to N entries (cuda_attention_decode_max_entries;
+//    default and at most 1,024); --attn-decode-warps N: its CTAs of N warps
+//    (4, 8 or 16; cuda_attention_decode_warps, default 0: chosen per call).
 //  - --trace FILE (with --decode): one more replayed step under CUPTI's kernel
 //    records (kernel_trace.h): every kernel's start, end and stream to FILE
 //    (CSV), and a summary of where the step's time went.
@@ -89,13 +92,9 @@ struct Bench {
   std::string trace_csv;  // --trace
   bench::SmallMStamps* stamps = nullptr;  // --stamps
 
-  Bench(int64_t max_requests, int64_t max_context, double gpu_memory, bool lanes, int64_t lanes_max, int attn_decode_max) {
-    EngineOptions o;
+  // `o`: the command line's engine options; the workload is this bench's.
+  Bench(int64_t max_requests, int64_t max_context, EngineOptions o) {
     o.device = Device::kCuda;
-    o.gpu_memory = gpu_memory;
-    o.cuda_lanes = lanes;
-    if (lanes_max >= 0) o.cuda_lanes_max_tokens = lanes_max;
-    if (attn_decode_max >= 0) o.cuda_attention_decode_max_tokens = attn_decode_max;
     o.workload = CacheWorkload{max_requests, max_context, 8192};
     const auto t0 = std::chrono::steady_clock::now();
     engine = Engine::from_seed(config, 1, o);
@@ -236,16 +235,15 @@ int main(int argc, char** argv) {
   std::vector<std::pair<int, int64_t>> decode;  // --decode rows
   std::string json, trace;
   bool stamps = false;
-  double gpu_memory = 0.9;
-  bool lanes = true;
-  int64_t lanes_max = -1;
-  int attn_decode_max = -1;
+  EngineOptions eo;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
-    else if (a == "--serial") lanes = false;
-    else if (a == "--lanes-max" && i + 1 < argc) lanes_max = std::atoll(argv[++i]);
-    else if (a == "--attn-decode-max" && i + 1 < argc) attn_decode_max = std::atoi(argv[++i]);
+    else if (a == "--serial") eo.cuda_lanes = false;
+    else if (a == "--lanes-max" && i + 1 < argc) eo.cuda_lanes_max_tokens = std::atoll(argv[++i]);
+    else if (a == "--attn-decode-max" && i + 1 < argc) eo.cuda_attention_decode_max_tokens = std::atoi(argv[++i]);
+    else if (a == "--attn-decode-entries" && i + 1 < argc) eo.cuda_attention_decode_max_entries = std::atoi(argv[++i]);
+    else if (a == "--attn-decode-warps" && i + 1 < argc) eo.cuda_attention_decode_warps = std::atoi(argv[++i]);
     else if (a == "--prefill" && i + 1 < argc && (prefill_only = std::atoll(argv[i + 1])) > 0) ++i;
     else if (a == "--decode" && i + 2 < argc && std::atoi(argv[i + 1]) > 0 && std::atoll(argv[i + 2]) > 0) {
       decode.emplace_back(std::atoi(argv[i + 1]), std::atoll(argv[i + 2]));
@@ -254,9 +252,9 @@ int main(int argc, char** argv) {
     else if (a == "--json" && i + 1 < argc) json = argv[++i];
     else if (a == "--trace" && i + 1 < argc) trace = argv[++i];
     else if (a == "--stamps") stamps = true;
-    else if (a == "--gpu-memory" && i + 1 < argc) gpu_memory = std::atof(argv[++i]);
+    else if (a == "--gpu-memory" && i + 1 < argc) eo.gpu_memory = std::atof(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--attn-decode-max N] [--prefill LEN | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV] [--stamps]] [--json FILE] [--gpu-memory F]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--attn-decode-max N] [--attn-decode-entries N] [--attn-decode-warps N] [--prefill LEN | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV] [--stamps]] [--json FILE] [--gpu-memory F]\n", argv[0]);
       return 2;
     }
   }
@@ -270,7 +268,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (prefill_only > 0) {
-      Bench b(1, prefill_only + 16, gpu_memory, lanes, lanes_max, attn_decode_max);
+      Bench b(1, prefill_only + 16, eo);
       b.prefill_row(prefill_only, 8192, 16, true);
       if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
       return 0;
@@ -284,14 +282,14 @@ int main(int argc, char** argv) {
         stamp_buffer = std::make_unique<bench::SmallMStamps>();
         stamp_buffer->on();
       }
-      Bench b(batch, context + 64, gpu_memory, lanes, lanes_max, attn_decode_max);
+      Bench b(batch, context + 64, eo);
       b.trace_csv = trace;
       b.stamps = stamp_buffer.get();
       for (const auto& [bt, ctx] : decode) b.decode_row(bt, ctx, quick ? 5 : 20);
       if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
       return 0;
     }
-    Bench b(128, int64_t(1) << 20, gpu_memory, lanes, lanes_max, attn_decode_max);
+    Bench b(128, int64_t(1) << 20, eo);
     std::printf("\nweights %.2f GB per step: floor %.3f ms at 4.3 TB/s\n", b.weight_bytes() / 1e9,
                 b.weight_bytes() / kBandwidth * 1e3);
     std::printf("| row | batch | context | step ms | GB moved | roofline ms | ratio | swaonly c4a c128a ms | tok/s |\n"

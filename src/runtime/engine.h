@@ -45,9 +45,12 @@ struct EngineOptions {
   bool cuda_graphs = true;
   bool cuda_lanes = true;
   int64_t cuda_lanes_max_tokens = 128;
-  // CUDA: steps of up to this many rows run the sparse attention's decode
-  // kernel (0: always its tile kernel).
+  // CUDA: steps of up to this many rows whose rows attend at most
+  // cuda_attention_decode_max_entries entries run the sparse attention's
+  // decode kernel (0: always its tile kernel; SparseAttentionCudaLimits).
   int cuda_attention_decode_max_tokens = 16;
+  int cuda_attention_decode_max_entries = 1024;
+  int cuda_attention_decode_warps = 0;  // its CTAs' warps: 4, 8, 16 or 0 (per call)
   Profile profile = Profile::kProduction;
   IndexKeyFormat index_keys = IndexKeyFormat::kMxfp4;
   CacheWorkload workload;

@@ -12,6 +12,7 @@
 #include <set>
 #include <vector>
 
+#include "common/error.h"
 #include "runtime/engine.h"
 #include "runtime/golden_replay.h"
 #include "runtime/workload.h"
@@ -204,4 +205,20 @@ TEST_F(EngineCudaTest, EmptyAndRejectedStepsRunNothing) {
   std::vector<float> y(x.size());
   gpu->forward_step(ok, x, y);
   for (float v : y) ASSERT_TRUE(std::isfinite(v));
+}
+
+// The attention's decode-kernel limits reach the backend: an entry limit
+// past what the kernel takes is refused by name before any step runs.
+TEST_F(EngineCudaTest, RejectsDecodeAttentionLimitsPastTheKernel) {
+  EngineOptions o;
+  o.device = Device::kCuda;
+  o.workload = CacheWorkload{4, 2048, 512};
+  o.gpu_memory = 0.5;
+  o.cuda_attention_decode_max_entries = 4096;  // the kernel takes rows of up to 1,024
+  try {
+    Engine::from_seed(preset_config("small"), 11, o);
+    ADD_FAILURE() << "an entry limit past the decode kernel was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("decode_max_entries"), std::string::npos) << e.what();
+  }
 }

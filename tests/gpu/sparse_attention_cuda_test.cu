@@ -32,14 +32,22 @@ class SparseAttentionCudaTest : public ::testing::Test {
 
 // The kernel run() takes for a call: the decode kernel (sparse_mla_decode.cu)
 // or the tile kernel with its combine.
-enum class Path { kDecode, kTiles };
-const char* path_name(Path k) { return k == Path::kDecode ? "decode kernel" : "tile kernel"; }
+// The decode kernel in CTAs of 4 (chunks of 32 entries), 8 (64) or 16 warps (128).
+enum class Path { kDecode, kDecode8, kDecode16, kTiles };
+bool is_decode(Path k) { return k != Path::kTiles; }
+int decode_warps(Path k) { return k == Path::kDecode16 ? 16 : k == Path::kDecode8 ? 8 : 4; }
+const char* path_name(Path k) {
+  return k == Path::kTiles ? "tile kernel" : k == Path::kDecode ? "decode kernel (4 warps)"
+         : k == Path::kDecode8 ? "decode kernel (8 warps)" : "decode kernel (16 warps)";
+}
 
 // Limits that send a call of `tokens` tokens down `path` where its rows allow.
 SparseAttentionCudaLimits limits_for(int tokens, Path path, bool single_ctas = false) {
   SparseAttentionCudaLimits l{tokens, 128, 1, single_ctas};
-  l.decode_max_tokens = path == Path::kDecode ? tokens : 0;
-  l.decode_max_entries = cuda::kDecodeMaxEntries;  // splits of up to four chunks too
+  l.decode_max_tokens = is_decode(path) ? tokens : 0;
+  l.decode_max_entries = cuda::kDecodeMaxEntries;  // splits of several chunks too
+  l.decode_max_work = int64_t(tokens) * cuda::kDecodeMaxEntries;
+  l.decode_warps = decode_warps(path);
   return l;
 }
 
@@ -50,11 +58,11 @@ void run_and_check(const CaseSpec& spec, int max_tokens = 0, double lse_rel = 0.
   const HostCase hc = make_case(spec);
   DeviceCase dc(hc);
   const Reference ref = reference(hc.params());
-  for (const Path path : {Path::kDecode, Path::kTiles}) {
+  for (const Path path : {Path::kDecode, Path::kDecode8, Path::kDecode16, Path::kTiles}) {
     SparseAttentionCuda attn(limits_for(max_tokens > 0 ? max_tokens : spec.tokens, path, single_ctas));
     const bool decode = attn.decode_splits(dc.p) > 0;
-    if (path == Path::kDecode && !decode) continue;  // rows too long or too many tokens: the tile kernel only
-    EXPECT_EQ(decode, path == Path::kDecode);
+    if (is_decode(path) && !decode) continue;  // rows too long or too many tokens: the tile kernel only
+    EXPECT_EQ(decode, is_decode(path));
     std::vector<uint16_t> out;
     std::vector<float> lse;
     dc.plan_run_download(attn, out, lse);
@@ -231,19 +239,35 @@ TEST_F(SparseAttentionCudaTest, SanitizerSmall) {
 TEST_F(SparseAttentionCudaTest, DecodeKernelTakesFewTokensWithShortRows) {
   const HostCase hc = make_case({.tokens = 4, .heads = 64, .extra_width = 512, .seed = 80});
   DeviceCase dc(hc);
+  // The defaults: rows of up to 1,024 entries and 2,048 over the call's
+  // tokens; one or two tokens on CTAs of 16 warps (chunks of 128), more on 8 (64).
   SparseAttentionCuda defaults({16, 128, 1});
-  EXPECT_EQ(defaults.decode_splits(dc.p), 0);  // 640 entries: more than a chunk a split
-  SparseAttentionCudaLimits longer{16, 128, 1};
-  longer.decode_max_entries = cuda::kDecodeMaxEntries;
-  SparseAttentionCuda attn(longer);
   SparseAttentionParams p = dc.p;
+  EXPECT_EQ(defaults.decode_splits(p), 0);  // 4 x 640 entries: the tile kernel
+  p.num_tokens = 1;
+  EXPECT_EQ(defaults.decode_warps(p), 16);
+  EXPECT_EQ(defaults.decode_splits(p), 5);  // 640 entries: 5 chunks of 128
+  p.extra.width = cuda::kDecodeMaxEntries - p.swa.width;
+  EXPECT_EQ(defaults.decode_splits(p), 8);
+  p.extra.width += 1;
+  EXPECT_EQ(defaults.decode_splits(p), 0);  // rows too long
+  p = dc.p;
+  p.extra.width = 128;  // 4 x 256 entries
+  EXPECT_EQ(defaults.decode_warps(p), 8);
+  EXPECT_EQ(defaults.decode_splits(p), 4);
+  p.num_tokens = 8;  // 2,048 entries
+  EXPECT_EQ(defaults.decode_splits(p), 4);
+  p.extra.width = 129;
+  EXPECT_EQ(defaults.decode_splits(p), 0);  // 2,056
+  // Set limits: CTAs of 4 warps (chunks of 32), no bound over the tokens.
+  SparseAttentionCudaLimits longer{16, 128, 1};
+  longer.decode_max_work = int64_t(16) * cuda::kDecodeMaxEntries;
+  longer.decode_warps = 4;
+  SparseAttentionCuda attn(longer);
+  p = dc.p;
   EXPECT_EQ(attn.decode_splits(p), 8);  // 640 entries: 8 splits of a cluster
   p.extra.width = 0;
   EXPECT_EQ(attn.decode_splits(p), 4);  // the window alone: a chunk of 32 a split
-  EXPECT_EQ(defaults.decode_splits(p), 4);
-  p.extra.width = 128;
-  EXPECT_EQ(defaults.decode_splits(p), 8);  // 256 entries: the longest rows by default
-  p.extra.width = 0;
   p.swa.width = 0;
   EXPECT_EQ(attn.decode_splits(p), 1);  // nothing to attend: one split writes the zeros
   p = dc.p;
@@ -256,6 +280,19 @@ TEST_F(SparseAttentionCudaTest, DecodeKernelTakesFewTokensWithShortRows) {
   EXPECT_EQ(tiles.decode_splits(dc.p), 0);
   EXPECT_THROW(SparseAttentionCuda(SparseAttentionCudaLimits{4, 64, 1, false, -1}), Error);
   EXPECT_THROW(SparseAttentionCuda(SparseAttentionCudaLimits{4, 64, 1, false, 16, cuda::kDecodeMaxEntries + 1}), Error);
+  EXPECT_THROW(SparseAttentionCuda(SparseAttentionCudaLimits{4, 64, 1, false, 16, 256, -1}), Error);
+  // CTAs of 16 warps take chunks of 128 entries: fewer splits.
+  longer.decode_warps = 16;
+  SparseAttentionCuda wide(longer);
+  EXPECT_EQ(wide.decode_warps(dc.p), 16);
+  EXPECT_EQ(wide.decode_splits(dc.p), 5);  // 640 entries
+  p = dc.p;
+  p.extra.width = 0;
+  EXPECT_EQ(wide.decode_splits(p), 1);  // the window alone: one CTA a group of heads
+  longer.decode_warps = 8;
+  EXPECT_EQ(SparseAttentionCuda(longer).decode_splits(dc.p), 8);  // 640 entries: 10 chunks of 64, 8 splits
+  longer.decode_warps = 5;
+  EXPECT_THROW(SparseAttentionCuda{longer}, Error);
 }
 
 TEST_F(SparseAttentionCudaTest, DecodeKernelShapes) {
@@ -272,23 +309,27 @@ TEST_F(SparseAttentionCudaTest, DecodeKernelShapes) {
   run_and_check({.tokens = 12, .heads = 64, .extra_width = 64, .extra_page = 64, .hole_rate = 0.5, .seed = 87});
 }
 
-// Lists marked ready are read before the kernel's wait: the same bits.
+// Lists marked ready are read before the kernel's wait: the same bits
+// (rows of 640 entries: three chunks a split at 4 warps, two at 8).
 TEST_F(SparseAttentionCudaTest, DecodeKernelListsReadyGiveTheSameBits) {
-  const HostCase hc = make_case({.tokens = 4, .heads = 64, .extra_width = 512, .extra_page = 2, .seed = 88});
-  DeviceCase dc(hc);
-  SparseAttentionCuda attn(limits_for(4, Path::kDecode));
-  ASSERT_GT(attn.decode_splits(dc.p), 0);
-  std::vector<uint16_t> plain, ready;
-  std::vector<float> plain_lse, ready_lse;
-  dc.plan_run_download(attn, plain, plain_lse);
-  dc.poison();
-  attn.run(dc.p, nullptr, 0, {}, ListsReady{true, true});
-  DSV4_CUDA_OK(cudaDeviceSynchronize());
-  dc.download(ready, ready_lse);
-  EXPECT_EQ(std::memcmp(plain.data(), ready.data(), plain.size() * 2), 0);
-  EXPECT_EQ(std::memcmp(plain_lse.data(), ready_lse.data(), plain_lse.size() * 4), 0);
-  const CompareStats st = compare(reference(hc.params()), ready, ready_lse, 4, 64);
-  EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
+  for (const Path path : {Path::kDecode, Path::kDecode8, Path::kDecode16}) {
+    SCOPED_TRACE(path_name(path));
+    const HostCase hc = make_case({.tokens = 4, .heads = 64, .extra_width = 512, .extra_page = 2, .seed = 88});
+    DeviceCase dc(hc);
+    SparseAttentionCuda attn(limits_for(4, path));
+    ASSERT_GT(attn.decode_splits(dc.p), 0);
+    std::vector<uint16_t> plain, ready;
+    std::vector<float> plain_lse, ready_lse;
+    dc.plan_run_download(attn, plain, plain_lse);
+    dc.poison();
+    attn.run(dc.p, nullptr, 0, {}, ListsReady{true, true});
+    DSV4_CUDA_OK(cudaDeviceSynchronize());
+    dc.download(ready, ready_lse);
+    EXPECT_EQ(std::memcmp(plain.data(), ready.data(), plain.size() * 2), 0);
+    EXPECT_EQ(std::memcmp(plain_lse.data(), ready_lse.data(), plain_lse.size() * 4), 0);
+    const CompareStats st = compare(reference(hc.params()), ready, ready_lse, 4, 64);
+    EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
+  }
 }
 
 // ---- graph capture, determinism, plan slots, errors ---------------------------
@@ -298,7 +339,7 @@ void check_graph_replay(const CaseSpec& spec, Path path) {
   const HostCase hc = make_case(spec);
   DeviceCase dc(hc);
   SparseAttentionCuda attn(limits_for(spec.tokens, path));
-  ASSERT_EQ(attn.decode_splits(dc.p) > 0, path == Path::kDecode);
+  ASSERT_EQ(attn.decode_splits(dc.p) > 0, is_decode(path));
   cudaStream_t s;
   DSV4_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   dc.poison(s);
@@ -335,6 +376,8 @@ void check_graph_replay(const CaseSpec& spec, Path path) {
 TEST_F(SparseAttentionCudaTest, GraphCaptureReplayMatchesEagerBitwise) {
   check_graph_replay({.tokens = 8, .heads = 128, .extra_width = 1024, .extra_page = 2, .seed = 30}, Path::kTiles);
   check_graph_replay({.tokens = 4, .heads = 64, .extra_width = 512, .extra_page = 64, .seed = 33}, Path::kDecode);
+  check_graph_replay({.tokens = 4, .heads = 64, .extra_width = 512, .extra_page = 64, .seed = 33}, Path::kDecode8);
+  check_graph_replay({.tokens = 1, .heads = 64, .extra_width = 512, .extra_page = 64, .seed = 35}, Path::kDecode16);
 }
 
 // A plain kernel queued right after run() must see the finished output:
@@ -375,7 +418,7 @@ void check_repeated_runs(const CaseSpec& spec, Path path) {
   const HostCase hc = make_case(spec);
   DeviceCase dc(hc);
   SparseAttentionCuda attn(limits_for(spec.tokens, path));
-  ASSERT_EQ(attn.decode_splits(dc.p) > 0, path == Path::kDecode);
+  ASSERT_EQ(attn.decode_splits(dc.p) > 0, is_decode(path));
   attn.plan(dc.p, nullptr);
   std::vector<uint16_t> first_out, out;
   std::vector<float> first_lse, lse;
@@ -399,6 +442,7 @@ void check_repeated_runs(const CaseSpec& spec, Path path) {
 TEST_F(SparseAttentionCudaTest, RepeatedRunsWithOnePlanAreBitwiseEqual) {
   check_repeated_runs({.tokens = 3, .heads = 64, .extra_width = 8192, .extra_page = 2, .seed = 31}, Path::kTiles);
   check_repeated_runs({.tokens = 3, .heads = 128, .extra_width = 512, .extra_page = 2, .seed = 34}, Path::kDecode);
+  check_repeated_runs({.tokens = 3, .heads = 128, .extra_width = 512, .extra_page = 2, .seed = 34}, Path::kDecode16);
 }
 
 TEST_F(SparseAttentionCudaTest, PlanSlotsAreIndependent) {
@@ -440,7 +484,7 @@ void check_nan_code(int heads, int byte, Path path) {
   }
   DeviceCase dc(hc);
   SparseAttentionCuda attn(limits_for(4, path));
-  ASSERT_EQ(attn.decode_splits(dc.p) > 0, path == Path::kDecode);
+  ASSERT_EQ(attn.decode_splits(dc.p) > 0, is_decode(path));
   std::vector<uint16_t> out;
   std::vector<float> lse;
   dc.plan_run_download(attn, out, lse);
@@ -468,7 +512,7 @@ void check_fused_output_rope(const CaseSpec& spec, Path path = Path::kTiles) {
   const HostCase hc = make_case(spec);
   DeviceCase dc(hc);
   SparseAttentionCuda attn(limits_for(spec.tokens, path));
-  ASSERT_EQ(attn.decode_splits(dc.p) > 0, path == Path::kDecode);
+  ASSERT_EQ(attn.decode_splits(dc.p) > 0, is_decode(path));
   std::mt19937_64 rng(spec.seed);
   std::vector<int32_t> pos(size_t(spec.tokens));
   for (int32_t& x : pos) x = int32_t(rng() % 1048576);
@@ -513,12 +557,16 @@ TEST_F(SparseAttentionCudaTest, FusedOutputRopeMatchesItsOwnKernel) {
   check_fused_output_rope({.tokens = 5, .heads = 128, .extra_width = 512, .extra_page = 2, .empty_rows = 1, .seed = 75},
                           Path::kDecode);
   check_fused_output_rope({.tokens = 9, .heads = 96, .extra_width = 512, .seed = 73}, Path::kDecode);
+  check_fused_output_rope({.tokens = 9, .heads = 96, .extra_width = 512, .seed = 73}, Path::kDecode8);
+  check_fused_output_rope({.tokens = 1, .heads = 64, .swa_width = 32, .seed = 74}, Path::kDecode16);
+  check_fused_output_rope({.tokens = 5, .heads = 128, .extra_width = 512, .extra_page = 2, .empty_rows = 1, .seed = 75},
+                          Path::kDecode16);
 }
 
 TEST_F(SparseAttentionCudaTest, NanCodeInAnAttendedEntryGivesNan) {
   for (int heads : {64, 128})
     for (int byte : {100, 30})
-      for (const Path path : {Path::kDecode, Path::kTiles}) check_nan_code(heads, byte, path);
+      for (const Path path : {Path::kDecode, Path::kDecode8, Path::kDecode16, Path::kTiles}) check_nan_code(heads, byte, path);
 }
 
 TEST_F(SparseAttentionCudaTest, ZeroTokensIsANoOp) {

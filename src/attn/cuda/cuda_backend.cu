@@ -83,6 +83,8 @@ class CudaBackend final : public AttentionBackend {
     make_lanes(cap.tokens);
     SparseAttentionCudaLimits attn{cap.tokens, config.num_heads, kNumLayerTypes};
     attn.decode_max_tokens = cuda.attention_decode_max_tokens;
+    attn.decode_max_entries = cuda.attention_decode_max_entries;
+    attn.decode_warps = cuda.attention_decode_warps;
     attention_ = std::make_unique<SparseAttentionCuda>(attn);
     if (config.count_layers(LayerType::kC4A) > 0)
       indexer_ = std::make_unique<IndexerSelectCuda>(IndexerSelectCudaLimits{cap.tokens, config.index_topk});

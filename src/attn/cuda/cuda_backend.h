@@ -27,8 +27,11 @@ struct CudaBackendOptions {
   bool lanes = true;
   int64_t lanes_max_tokens = 128;
   // Steps of up to this many rows run the sparse attention on its decode
-  // kernel (SparseAttentionCudaLimits::decode_max_tokens; 0: never).
+  // kernel where the rows have at most attention_decode_max_entries entries
+  // (SparseAttentionCudaLimits::decode_max_tokens, decode_max_entries; 0: never).
   int attention_decode_max_tokens = 16;
+  int attention_decode_max_entries = 1024;
+  int attention_decode_warps = 0;  // SparseAttentionCudaLimits::decode_warps
 };
 
 // True when a CUDA device is present and usable.

@@ -517,20 +517,18 @@ __global__ void __launch_bounds__(kGemvThreads, kCtasPerSm) gemv_kernel(const __
 #pragma unroll
       for (int e = 0; e < 2; ++e) ct[(8 * j + 2 * t + e) * kCtStride + 16 * warp + g + 8 * h] = acc[j][2 * h + e];
   __syncthreads();
+  bool writer = true;
   if (a.cluster_sum) {  // each CTA of the cluster sums and writes its share of the rows
     sum_cluster_rows(a, ct, int(blockIdx.y));
     stamp(kStampSummed);
     write_outputs(a, ct, int(blockIdx.y), a.splits);
-  } else {  // the last CTA of the row block to arrive sums and writes every row
-    if (a.splits > 1 && !reduce_splits(a, ct, int(blockIdx.y), int(blockIdx.x), int(gridDim.x))) {
-      stamp(kStampSummed);
-      stamp(kStampWritten);
-      return;
-    }
+  } else {  // the last CTA of the row block to arrive sums and writes every row; the others leave
+    writer = a.splits == 1 || reduce_splits(a, ct, int(blockIdx.y), int(blockIdx.x), int(gridDim.x));
     stamp(kStampSummed);
-    write_outputs(a, ct, 0, 1);
+    if (writer) write_outputs(a, ct, 0, 1);
   }
   stamp(kStampWritten);
+  if (!writer) return;
   if constexpr (W == GemvWeight::kFp8) {
     if (a.cluster_sum) run_tail(a, int(blockIdx.x), int(gridDim.x), a.splits, int(blockIdx.y), a.splits, smem);
     else run_tail(a, int(blockIdx.x), int(gridDim.x), 1, 0, 1, smem);

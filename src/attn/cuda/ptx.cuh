@@ -190,24 +190,6 @@ __device__ __forceinline__ uint32_t map_to_cta(uint32_t smem_addr, uint32_t rank
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(d) : "r"(smem_addr), "r"(rank));
   return d;
 }
-// The sum, in rank order from 0, of the four floats at shared address `at`
-// in CTAs 0 .. ctas - 1 of the cluster (DSMEM; ctas == 1: this CTA's own,
-// outside any cluster): the split-K sums of the small-M kernel and the GEMM.
-__device__ __forceinline__ float4 cluster_sum4(uint32_t at, int ctas) {
-  float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int r = 0; r < ctas; ++r) {
-    float4 p;
-    if (ctas == 1) {
-      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w) : "r"(at));
-    } else {
-      asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w)
-                   : "r"(map_to_cta(at, uint32_t(r))));
-    }
-    s.x += p.x, s.y += p.y, s.z += p.z, s.w += p.w;
-  }
-  return s;
-}
 // Loads from shared memory of a CTA of the cluster (an address from map_to_cta).
 __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
   float4 v;
@@ -218,6 +200,21 @@ __device__ __forceinline__ float2 ld_cluster_f2(uint32_t addr) {
   float2 v;
   asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
+}
+// The sum, in rank order from 0, of the four floats at shared address `at`
+// in CTAs 0 .. ctas - 1 of the cluster (DSMEM; ctas == 1: this CTA's own,
+// outside any cluster): the split-K sums of the small-M kernel and the GEMM.
+__device__ __forceinline__ float4 cluster_sum4(uint32_t at, int ctas) {
+  float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int r = 0; r < ctas; ++r) {
+    float4 p;
+    if (ctas == 1)
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w) : "r"(at));
+    else
+      p = ld_cluster_f4(map_to_cta(at, uint32_t(r)));
+    s.x += p.x, s.y += p.y, s.z += p.z, s.w += p.w;
+  }
+  return s;
 }
 // Arrival on an mbarrier of another CTA of the cluster (address from
 // map_to_cta). Release at CTA scope, as CUTLASS's cluster pipelines do: a

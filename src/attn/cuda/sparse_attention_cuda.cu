@@ -132,6 +132,9 @@ SparseAttentionCuda::SparseAttentionCuda(const SparseAttentionCudaLimits& limits
             "sparse attention (cuda): decode_max_tokens must be in [0, 65535]");
     DSV4_REQUIRE(limits.decode_max_entries >= 0 && limits.decode_max_entries <= cuda::kDecodeMaxEntries,
             "sparse attention (cuda): decode_max_entries must be in [0, " + std::to_string(cuda::kDecodeMaxEntries) + "]");
+    DSV4_REQUIRE(limits.decode_max_work >= 0, "sparse attention (cuda): negative decode_max_work");
+    DSV4_REQUIRE(limits.decode_warps == 0 || limits.decode_warps == 4 || limits.decode_warps == 8 || limits.decode_warps == 16,
+            "sparse attention (cuda): decode_warps must be 0 (automatic), 4, 8 or 16");
     const int dec = cuda::decode_attention_prepare();
     if (dec < 0) cuda_check(cudaError_t(-dec), "preparing the decode kernel");
     impl_->limits = limits;
@@ -166,9 +169,24 @@ void SparseAttentionCuda::set_debug_clock(unsigned long long* clock) { impl_->de
 int SparseAttentionCuda::decode_splits(const SparseAttentionParams& p) const {
   const int64_t width = int64_t(p.swa.width) + p.extra.width;
   const SparseAttentionCudaLimits& l = impl_->limits;
-  if (p.num_tokens <= 0 || p.num_tokens > l.decode_max_tokens || width > l.decode_max_entries) return 0;
+  if (p.num_tokens <= 0 || p.num_tokens > l.decode_max_tokens || width > l.decode_max_entries ||
+      width * p.num_tokens > l.decode_max_work)
+    return 0;
   // One chunk a split where the row allows it, up to the cluster's size.
-  return int(std::clamp<int64_t>((width + cuda::kDecodeChunk - 1) / cuda::kDecodeChunk, 1, cuda::kDecodeMaxSplits));
+  const int chunk = cuda::decode_chunk(decode_warps(p));
+  return int(std::clamp<int64_t>((width + chunk - 1) / chunk, 1, cuda::kDecodeMaxSplits));
+}
+
+// Automatic: one or two tokens on CTAs of 16 warps, the fewest CTAs (a
+// window of 128 entries is one CTA a group of 16 heads); more on 8. In
+// the decode steps fewer, larger CTAs won even where the call alone is
+// slower (one token, 128 entries: 9.3 us on 16 warps, 7.1 on 4; the
+// batch-1 step at 4K context 2.93 ms against 2.98, run AH1), probably
+// because fewer CTAs wait for the SMs that the linears before them hold
+// (not measured directly; docs/perf-notes.md).
+int SparseAttentionCuda::decode_warps(const SparseAttentionParams& p) const {
+  const int w = impl_->limits.decode_warps;
+  return w > 0 ? w : p.num_tokens <= 2 ? 16 : 8;
 }
 
 const SparseAttentionCudaLimits& SparseAttentionCuda::limits() const { return impl_->limits; }
@@ -206,7 +224,7 @@ void SparseAttentionCuda::run(const SparseAttentionParams& p, CUstream_st* strea
   a.swa_ready = ready.swa;
   a.extra_ready = ready.extra;
   if (const int splits = decode_splits(p); splits > 0) {
-    cuda::launch_decode_attention(a, splits, stream);
+    cuda::launch_decode_attention(a, splits, decode_warps(p), stream);
     cuda_check(cudaGetLastError(), "decode attention kernel launch");
     return;
   }

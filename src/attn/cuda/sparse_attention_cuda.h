@@ -25,6 +25,7 @@
 // and also throw Error. Calls of one object must be ordered on one stream
 // (they share the partials' workspace).
 #include <cstddef>
+#include <cstdint>
 
 #include "attn/sparse_attention.h"
 
@@ -59,14 +60,23 @@ struct SparseAttentionCudaLimits {
   // two (tests and comparisons keep that path exercised).
   bool pairs_on_single_ctas = false;
   // Calls of at most decode_max_tokens tokens whose rows (SWA plus extra
-  // width) have at most decode_max_entries entries run the decode kernel
+  // width) have at most decode_max_entries entries, and at most
+  // decode_max_work entries over all tokens, run the decode kernel
   // (sparse_mla_decode.cu) instead of the tile kernel and its combine;
-  // decode_max_tokens 0 never does (tests and comparisons). Up to 256
-  // entries each of its splits runs one chunk of 32; longer rows (up to
-  // 1,024) run up to four chunks a split, which measured slower than the
-  // tile kernel at one token (docs/perf-notes.md, run AG3).
+  // decode_max_tokens 0 never does (tests and comparisons). Rows of up to
+  // 1,024 entries (kDecodeMaxEntries) are cut into at most 8 splits. The
+  // widths are the lists' (the engine sizes C128A's from its largest
+  // context), not the rows' lengths. The defaults take one or two tokens
+  // with rows of up to 1,024 entries (C4A's 640 at any context) and up to
+  // 8 tokens with rows of up to 256 (the window, C128A at short context):
+  // where the kernel measured faster (docs/perf-notes.md, runs AH1-AH2).
   int decode_max_tokens = 16;
-  int decode_max_entries = 256;
+  int decode_max_entries = 1024;
+  int64_t decode_max_work = 2048;
+  // The decode kernel's CTAs: 4, 8 or 16 warps, which run chunks of 32, 64
+  // or 128 entries (the splits then take up to 4, 2 or 1 chunks); 0:
+  // decode_warps() picks per call.
+  int decode_warps = 0;
 };
 
 class SparseAttentionCuda {
@@ -89,8 +99,9 @@ class SparseAttentionCuda {
   void set_debug_clock(unsigned long long* clock);
 
   // The decode kernel's splits of a row for this call, or 0 where run()
-  // takes the tile kernel.
+  // takes the tile kernel; and the warps of its CTAs.
   int decode_splits(const SparseAttentionParams& p) const;
+  int decode_warps(const SparseAttentionParams& p) const;
 
   const SparseAttentionCudaLimits& limits() const;
   int grid_size() const;           // CTAs of the attention kernel (one per SM)

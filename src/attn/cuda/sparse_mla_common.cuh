@@ -84,20 +84,25 @@ struct EntryRef {
   int list;  // 0: SWA, 1: extra, -1: nothing at this position
 };
 
-__device__ __forceinline__ EntryRef fetch_ref(const AttnParams& p, UnitWalker& w, int tile, int e) {
-  while (tile >= w.end()) w.advance();
-  const int t = w.tok;
-  const int pos = (tile - w.begin()) * kTileEntries + e;
-  const int ls = w.cur.y, le = w.cur.z;
+// Entry `pos` of token t's row (its SWA list, then its extra list); nothing
+// at or past `end`.
+__device__ __forceinline__ EntryRef row_entry(const AttnParams& p, int t, int ls, int pos, int end) {
   EntryRef r{-1, -1};
-  if (pos < ls) {
+  if (pos < ls && pos < end) {
     r.slot = __ldg(p.swa.indices + int64_t(t) * p.swa.width + pos);
     r.list = 0;
-  } else if (pos - ls < le) {
+  } else if (pos >= ls && pos < end) {
     r.slot = __ldg(p.extra.indices + int64_t(t) * p.extra.width + (pos - ls));
     r.list = 1;
   }
   return r;
+}
+
+// Entry e of tile `tile` (the walker moved to the tile's unit).
+__device__ __forceinline__ EntryRef fetch_ref(const AttnParams& p, UnitWalker& w, int tile, int e) {
+  while (tile >= w.end()) w.advance();
+  const int ls = w.cur.y;
+  return row_entry(p, w.tok, ls, (tile - w.begin()) * kTileEntries + e, ls + w.cur.z);
 }
 
 // The record and scale bytes of an entry, or null for an empty (< 0) or
@@ -168,6 +173,61 @@ __device__ __forceinline__ void dequant_record_chunk(uint4 v, uint32_t sb, uint4
   if (has_nan_codes(v)) {
     lo = patch_nan_codes(v.x, v.y, lo);
     hi = patch_nan_codes(v.z, v.w, hi);
+  }
+}
+
+// Record chunk k (16 bytes v; sb: the scale byte of its 64-dim block when
+// k < 28) as bf16 into row e of a K buffer whose 16-byte chunk c of row r is
+// at byte off(r, c): the tile kernel's planes (chunk_off) or the decode
+// kernel's rows.
+template <class Off>
+__device__ __forceinline__ void store_record_chunk(uint8_t* kbuf, Off off, int e, int k, uint4 v, uint32_t sb) {
+  if (k >= 28) {  // dims 448..511 are bf16 already: record chunk k is K chunk k + 28
+    *reinterpret_cast<uint4*>(kbuf + off(e, k + 28)) = v;
+    return;
+  }
+  uint4 lo, hi;
+  dequant_record_chunk(v, sb, lo, hi);
+  *reinterpret_cast<uint4*>(kbuf + off(e, 2 * k)) = lo;
+  *reinterpret_cast<uint4*>(kbuf + off(e, 2 * k + 1)) = hi;
+}
+
+// A thread's quarter record into row e (store_record_chunk).
+template <class Off>
+__device__ __forceinline__ void store_quarter(uint8_t* kbuf, Off off, int e, int q, const Quarter& x) {
+#pragma unroll
+  for (int step = 0; step < 9; ++step)
+    store_record_chunk(kbuf, off, e, record_chunk(q, step), x.c[step], step_scale(x.scales, step));
+}
+
+// A thread's quarter record into shared memory by cp.async: the record's
+// chunks at their offsets in the 576-byte record at `raw`, the entry's 8
+// scale bytes (a copy per thread) at `scales_dst`. An empty or out-of-range
+// slot reads nothing and zero-fills. Returns whether the entry is there.
+__device__ __forceinline__ bool stage_quarter(const AttnParams& p, EntryRef r, int q, uint32_t raw, uint32_t scales_dst) {
+  auto [data, scales] = record_ptrs(p, r);
+  const bool valid = data != nullptr;
+  if (!valid) data = scales = reinterpret_cast<const uint8_t*>(p.q);  // any valid address: nothing is read
+  const uint32_t nb = valid ? 16u : 0u;
+#pragma unroll
+  for (int step = 0; step < 9; ++step) {
+    const int c = record_chunk(q, step);
+    cp_async_16(raw + 16 * c, data + 16 * c, nb);
+  }
+  cp_async_8(scales_dst, scales, nb / 2);
+  return valid;
+}
+
+// What stage_quarter copied, as bf16 into row e (store_record_chunk). Only
+// this thread's own cp.async wait is needed: it reads the bytes it copied.
+template <class Off>
+__device__ __forceinline__ void store_staged_quarter(uint8_t* kbuf, Off off, int e, int q, const uint8_t* raw,
+                                                     const uint8_t* scales_src) {
+  const uint2 scales = *reinterpret_cast<const uint2*>(scales_src);
+#pragma unroll 1  // a chunk at a time: the callers' accumulators are live
+  for (int step = 0; step < 9; ++step) {
+    const int k = record_chunk(q, step);
+    store_record_chunk(kbuf, off, e, k, *reinterpret_cast<const uint4*>(raw + 16 * k), step_scale(scales, step));
   }
 }
 

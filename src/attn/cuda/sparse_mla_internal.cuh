@@ -105,15 +105,17 @@ inline constexpr int kDecodeWritten = 5; // this CTA's outputs written
 
 // The decode kernel (sparse_mla_decode.cu): rows of at most
 // kDecodeMaxEntries entries cut into at most kDecodeMaxSplits splits of a
-// cluster, in chunks of kDecodeChunk entries.
+// cluster. Instantiations of 4, 8 and 16 warps run chunks of 8 entries a
+// warp: up to 4, 2 and 1 chunks a split.
 inline constexpr int kDecodeMaxSplits = 8;  // the portable cluster size
-inline constexpr int kDecodeChunk = 32;
-inline constexpr int kDecodeMaxEntries = kDecodeMaxSplits * kDecodeChunk * 4;  // at most 4 chunks a CTA
+inline constexpr int kDecodeMaxEntries = 1024;
+constexpr int decode_chunk(int warps) { return 8 * warps; }
 // Raises its dynamic shared-memory limit: 0, or -cudaError_t.
 int decode_attention_prepare();
-// Grid (splits, ceil(heads / 16), tokens); reads the row lengths from p.plan
-// (a plan for the same call), so it runs after plan() like the tile kernel.
-void launch_decode_attention(const AttnParams& p, int splits, cudaStream_t stream);
+// Grid (splits, ceil(heads / 16), tokens) of CTAs of `warps` warps (4, 8 or
+// 16); reads the row lengths from p.plan (a plan for the same call), so it
+// runs after plan() like the tile kernel.
+void launch_decode_attention(const AttnParams& p, int splits, int warps, cudaStream_t stream);
 
 // Raises the attention kernel's dynamic shared-memory limit and returns how
 // many of its CTAs (in clusters of `cluster`, 1 or 2) are resident at once

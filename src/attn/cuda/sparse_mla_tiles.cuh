@@ -118,25 +118,6 @@ __device__ __forceinline__ void timed(const AttnParams& p, bool timer, int k, Wa
 // Producer. Thread tp (0..127) serves entry e = tp / 4 of each tile and its
 // record quarter q = tp % 4 (Quarter, sparse_mla_common.cuh).
 // ----------------------------------------------------------------------------
-// Dequantizes record chunk k (16 bytes v; sb: the scale byte of its 64-dim
-// block when k < 28) into row e of the K buffer at kbuf.
-__device__ __forceinline__ void store_chunk(uint8_t* kbuf, int e, int k, uint4 v, uint32_t sb) {
-  if (k >= 28) {  // dims 448..511 are bf16 already: record chunk k is K chunk k + 28
-    *reinterpret_cast<uint4*>(kbuf + chunk_off(e, k + 28)) = v;
-    return;
-  }
-  uint4 lo, hi;
-  dequant_record_chunk(v, sb, lo, hi);  // before the row is read or copied to the peer
-  *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k)) = lo;
-  *reinterpret_cast<uint4*>(kbuf + chunk_off(e, 2 * k + 1)) = hi;
-}
-
-// Dequantizes one quarter into row e of the K buffer at kbuf.
-__device__ __forceinline__ void store_quarter(uint8_t* kbuf, int e, int q, const Quarter& x) {
-#pragma unroll
-  for (int step = 0; step < 9; ++step) store_chunk(kbuf, e, record_chunk(q, step), x.c[step], step_scale(x.scales, step));
-}
-
 // In a pair: a producer warp's 8 K rows e0 .. e0 + 7 of buffer kb (1 KB of
 // every plane) and their mask group to the same places in the peer, by the
 // copy engine; the peer's "remote" mbarrier counts the bytes. Lane i < 8
@@ -175,7 +156,7 @@ __device__ __forceinline__ void produce(const AttnParams& p, uint8_t* smem, cons
     const EntryRef r4 = ref(s + 4);
     if (s >= 2)  // tile s - 2 consumed (in a pair: by both CTAs)
       timed<kDiag>(p, tp == 0, kDebugProducerWait, [&] { mbar_wait(empty_bar(sbase, kb), ((s >> 1) + 1) & 1); });
-    store_quarter(smem + kOffK0 + kb * kKBytes, e, q, x);
+    store_quarter(smem + kOffK0 + kb * kKBytes, chunk_off, e, q, x);  // before the row is copied to the peer
     if (q == 0) smem[mask_off(kb, e)] = x.valid ? 1 : 0;
     fence_proxy_async();  // the K stores are read by wgmma (and the copy engine)
     if constexpr (kCluster > 1) {
@@ -201,30 +182,15 @@ __device__ __forceinline__ void produce(const AttnParams& p, uint8_t* smem, cons
 // ----------------------------------------------------------------------------
 __device__ __forceinline__ void issue_stage(const AttnParams& p, EntryRef r, uint8_t* smem, int kb, int tv) {
   const int e = tv >> 2, q = tv & 3;
-  auto [data, scales] = record_ptrs(p, r);
-  const bool valid = data != nullptr;
-  if (!valid) data = scales = reinterpret_cast<const uint8_t*>(p.q);  // any valid address: nothing is read
-  const uint32_t dst = smem_u32(smem + kOffStage) + e * 576;
-  const uint32_t nb = valid ? 16u : 0u;
-#pragma unroll
-  for (int step = 0; step < 9; ++step) {
-    const int c = record_chunk(q, step);
-    cp_async_16(dst + 16 * c, data + 16 * c, nb);
-  }
-  cp_async_8(smem_u32(smem + kOffStage + kStageData) + tv * 8, scales, nb / 2);
+  const bool valid = stage_quarter(p, r, q, smem_u32(smem + kOffStage) + e * 576,
+                                   smem_u32(smem + kOffStage + kStageData) + tv * 8);
   if (q == 0) smem[mask_off(kb, kHalf + e)] = valid ? 1 : 0;
 }
 
 __device__ __forceinline__ void dequantize_stage(uint8_t* smem, int kb, int tv) {
   const int e = tv >> 2, q = tv & 3;
-  const uint8_t* raw = smem + kOffStage + e * 576;
-  const uint2 scales = *reinterpret_cast<const uint2*>(smem + kOffStage + kStageData + tv * 8);
-  uint8_t* kbuf = smem + kOffK0 + kb * kKBytes;
-#pragma unroll 1  // one chunk at a time: V's accumulators are live (its P V runs meanwhile)
-  for (int step = 0; step < 9; ++step) {
-    const int k = record_chunk(q, step);
-    store_chunk(kbuf, kHalf + e, k, *reinterpret_cast<const uint4*>(raw + 16 * k), step_scale(scales, step));
-  }
+  store_staged_quarter(smem + kOffK0 + kb * kKBytes, chunk_off, kHalf + e, q, smem + kOffStage + e * 576,
+                       smem + kOffStage + kStageData + tv * 8);
 }
 
 // ----------------------------------------------------------------------------

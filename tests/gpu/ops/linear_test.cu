@@ -1333,9 +1333,13 @@ TEST_F(LinearCudaTest, SmallMStampsLeaveTheProductAlone) {
       const auto plain = run();
       const int ctas = int(n / 128) * splits;
       DeviceArray<unsigned long long> stamps(std::vector<unsigned long long>(size_t(ctas + 1) * kPoints, 0));
-      cuda::set_small_m_stamps(stamps.get());
-      const auto stamped = run();
-      cuda::set_small_m_stamps(nullptr);
+      const auto stamped = [&] {
+        struct On {  // off again however run() leaves
+          explicit On(unsigned long long* b) { cuda::set_small_m_stamps(b); }
+          ~On() { cuda::set_small_m_stamps(nullptr); }
+        } on(stamps.get());
+        return run();
+      }();
       const LinearRoute route = wo_a.last_route();
       ASSERT_EQ(route.kernel_rows, m) << at;
       EXPECT_EQ(route.splits, splits) << at;
