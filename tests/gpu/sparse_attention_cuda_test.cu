@@ -240,7 +240,8 @@ TEST_F(SparseAttentionCudaTest, DecodeKernelTakesFewTokensWithShortRows) {
   const HostCase hc = make_case({.tokens = 4, .heads = 64, .extra_width = 512, .seed = 80});
   DeviceCase dc(hc);
   // The defaults: rows of up to 1,024 entries and 2,048 over the call's
-  // tokens; one or two tokens on CTAs of 16 warps (chunks of 128), more on 8 (64).
+  // tokens; one or two tokens with rows past 256 entries on CTAs of 16 warps
+  // (chunks of 128), the others on 8 (64).
   SparseAttentionCuda defaults({16, 128, 1});
   SparseAttentionParams p = dc.p;
   EXPECT_EQ(defaults.decode_splits(p), 0);  // 4 x 640 entries: the tile kernel
@@ -251,6 +252,9 @@ TEST_F(SparseAttentionCudaTest, DecodeKernelTakesFewTokensWithShortRows) {
   EXPECT_EQ(defaults.decode_splits(p), 8);
   p.extra.width += 1;
   EXPECT_EQ(defaults.decode_splits(p), 0);  // rows too long
+  p.extra.width = 0;  // the window alone: 8 warps, two splits of 64
+  EXPECT_EQ(defaults.decode_warps(p), 8);
+  EXPECT_EQ(defaults.decode_splits(p), 2);
   p = dc.p;
   p.extra.width = 128;  // 4 x 256 entries
   EXPECT_EQ(defaults.decode_warps(p), 8);

@@ -177,16 +177,21 @@ int SparseAttentionCuda::decode_splits(const SparseAttentionParams& p) const {
   return int(std::clamp<int64_t>((width + chunk - 1) / chunk, 1, cuda::kDecodeMaxSplits));
 }
 
-// Automatic: one or two tokens on CTAs of 16 warps, the fewest CTAs (a
-// window of 128 entries is one CTA a group of 16 heads); more on 8. In
+// Automatic: one or two tokens with rows past 256 entries (C4A's 640, C128A
+// past 16K context) on CTAs of 16 warps, the fewest CTAs; the rest on 8. In
 // the decode steps fewer, larger CTAs won even where the call alone is
-// slower (one token, 128 entries: 9.3 us on 16 warps, 7.1 on 4; the
-// batch-1 step at 4K context 2.93 ms against 2.98, run AH1), probably
-// because fewer CTAs wait for the SMs that the linears before them hold
-// (not measured directly; docs/perf-notes.md).
+// slower (one token, 640 entries: 9.7 us on 16 warps, 10.7 on 8, 12.4 on 4;
+// 128 entries: 8.9 on 16, 7.2 on 8, yet the batch-1 step at 4K context took
+// 2.93 ms with every call on 16 warps against 2.98 on 4, run AH1), probably
+// because fewer CTAs wait less for the SMs that the linears before them
+// hold (not measured directly). This rule and every call on 16 warps
+// measured level in the steps (run AH3); it keeps the window's rows on the
+// faster call alone. docs/perf-notes.md, runs AH1-AH3.
 int SparseAttentionCuda::decode_warps(const SparseAttentionParams& p) const {
   const int w = impl_->limits.decode_warps;
-  return w > 0 ? w : p.num_tokens <= 2 ? 16 : 8;
+  if (w > 0) return w;
+  if (p.num_tokens > 2) return 8;
+  return int64_t(p.swa.width) + p.extra.width <= 256 ? 8 : 16;
 }
 
 const SparseAttentionCudaLimits& SparseAttentionCuda::limits() const { return impl_->limits; }

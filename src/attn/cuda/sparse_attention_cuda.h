@@ -69,7 +69,7 @@ struct SparseAttentionCudaLimits {
   // context), not the rows' lengths. The defaults take one or two tokens
   // with rows of up to 1,024 entries (C4A's 640 at any context) and up to
   // 8 tokens with rows of up to 256 (the window, C128A at short context):
-  // where the kernel measured faster (docs/perf-notes.md, runs AH1-AH2).
+  // where the kernel measured faster (docs/perf-notes.md, runs AH1-AH3).
   int decode_max_tokens = 16;
   int decode_max_entries = 1024;
   int64_t decode_max_work = 2048;
