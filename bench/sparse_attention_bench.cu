@@ -226,14 +226,29 @@ struct Result {
   unsigned long long nans;
 };
 
+// Limits for a problem's calls on the tile kernel alone.
+dsv4::SparseAttentionCudaLimits tile_limits(const Problem& pr) {
+  dsv4::SparseAttentionCudaLimits l{pr.tokens, pr.heads, 1, g_single_ctas};
+  l.decode_max_tokens = 0;
+  return l;
+}
+
+// Limits that put every row of up to kDecodeMaxEntries entries on the decode
+// kernel's `warps`-warp CTAs (0: its automatic choice).
+dsv4::SparseAttentionCudaLimits decode_limits(const Problem& pr, int warps) {
+  dsv4::SparseAttentionCudaLimits l{pr.tokens, pr.heads, 1};
+  l.decode_max_entries = dsv4::cuda::kDecodeMaxEntries;
+  l.decode_max_work = int64_t(pr.tokens) * dsv4::cuda::kDecodeMaxEntries;
+  l.decode_warps = warps;
+  return l;
+}
+
 Result measure(Problem& pr, cudaStream_t s) {
   dsv4::SparseAttentionCuda attn({pr.tokens, pr.heads, 1, g_single_ctas});
   Result r{};
   r.splits = attn.decode_splits(pr.p);
   if (r.splits > 0) {
-    dsv4::SparseAttentionCudaLimits l{pr.tokens, pr.heads, 1, g_single_ctas};
-    l.decode_max_tokens = 0;
-    dsv4::SparseAttentionCuda tiles(l);
+    dsv4::SparseAttentionCuda tiles(tile_limits(pr));
     tiles.plan(pr.p, s);
     r.tiles = time_graph(s, [&] { tiles.run(pr.p, s); });
   }
@@ -276,9 +291,7 @@ void diagnose(cudaStream_t s) {
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const DiagRow& c : cfgs) {
     Problem pr = make_problem(c.b, c.heads, c.extra, c.page, false, 4242 + c.b);
-    dsv4::SparseAttentionCudaLimits limits{pr.tokens, pr.heads, 1, g_single_ctas};
-    limits.decode_max_tokens = 0;  // the timers are the tile kernel's
-    dsv4::SparseAttentionCuda attn(limits);
+    dsv4::SparseAttentionCuda attn(tile_limits(pr));  // the timers are the tile kernel's
     attn.plan(pr.p, s);
     const double call = time_graph(s, [&] { attn.run(pr.p, s); }, 15);
     const int g = attn.grid_size();
@@ -333,11 +346,7 @@ void diagnose_decode(cudaStream_t s) {
   for (const DiagRow& c : cfgs) {
     for (const bool ready : {false, true}) {
       Problem pr = make_problem(c.b, c.heads, c.extra, c.page, false, 4343 + c.b);
-      dsv4::SparseAttentionCudaLimits limits{pr.tokens, pr.heads, 1};
-      limits.decode_max_entries = cu::kDecodeMaxEntries;  // also the rows of several chunks a split
-      limits.decode_max_work = int64_t(c.b) * cu::kDecodeMaxEntries;
-      limits.decode_warps = g_decode_warps;
-      dsv4::SparseAttentionCuda attn(limits);
+      dsv4::SparseAttentionCuda attn(decode_limits(pr, g_decode_warps));
       const int splits = attn.decode_splits(pr.p);
       if (splits == 0) continue;
       const int ctas = splits * ((c.heads + 15) / 16) * c.b;
@@ -383,17 +392,11 @@ void decode_variants(cudaStream_t s) {
   for (const int b : {1, 2, 4, 8, 16}) {
     for (const int extra : {0, 64, 256, 512, 896}) {
       Problem pr = make_problem(b, 64, extra, 64, false, 4545 + b + extra);
-      dsv4::SparseAttentionCudaLimits tl{pr.tokens, pr.heads, 1};
-      tl.decode_max_tokens = 0;
-      dsv4::SparseAttentionCuda tiles(tl);
+      dsv4::SparseAttentionCuda tiles(tile_limits(pr));
       tiles.plan(pr.p, s);
       std::printf("| %d | %d | %.1f |", b, 128 + extra, time_graph(s, [&] { tiles.run(pr.p, s); }));
       for (const int warps : {4, 8, 16}) {
-        dsv4::SparseAttentionCudaLimits l{pr.tokens, pr.heads, 1};
-        l.decode_max_entries = dsv4::cuda::kDecodeMaxEntries;
-        l.decode_max_work = int64_t(b) * dsv4::cuda::kDecodeMaxEntries;
-        l.decode_warps = warps;
-        dsv4::SparseAttentionCuda attn(l);
+        dsv4::SparseAttentionCuda attn(decode_limits(pr, warps));
         attn.plan(pr.p, s);
         std::printf(" %.1f (%d) |", time_graph(s, [&] { attn.run(pr.p, s); }), attn.decode_splits(pr.p));
       }

@@ -76,7 +76,10 @@ struct Shape {
   static_assert(kSmO + kHeads * kORow * 4 <= kSmP, "O fits over Q and K");
   static_assert(kSmBytes % 16 == 0 && kStageBytes % 16 == 0, "16-byte copies");
   static_assert(kMaxChunks >= 1 && kMaxChunks <= 4, "cp_async_wait_pending covers up to 3 staged chunks");
-  static constexpr int smem_bytes(int chunks) { return kSmBytes + (chunks - 1) * kStageBytes; }
+  // Byte offset of chunk k's stage (k >= 1); the shared memory of a launch
+  // whose splits run up to `chunks` chunks ends where chunk `chunks` would start.
+  static constexpr int stage_off(int k) { return kSmBytes + (k - 1) * kStageBytes; }
+  static constexpr int smem_bytes(int chunks) { return stage_off(chunks); }
 };
 
 // Byte offset of 16-byte chunk c (8 dims) of row r: rows of 1024 bytes, the
@@ -322,7 +325,7 @@ __global__ void __launch_bounds__(Shape<W>::kThreads) decode_attention_kernel(co
 #pragma unroll
   for (int k = 1; k < kMaxChunks; ++k) {
     if (k >= chunks) break;
-    const uint32_t stage = sbase + Sh::kSmBytes + (k - 1) * Sh::kStageBytes;
+    const uint32_t stage = sbase + Sh::stage_off(k);
     if (stage_quarter(p, refs[k], q, stage + e * 576, stage + Sh::kStageRecords + tid * 8)) staged_valid |= 1u << k;
     cp_async_commit();
   }
@@ -340,7 +343,7 @@ __global__ void __launch_bounds__(Shape<W>::kThreads) decode_attention_kernel(co
     } else {
       __syncthreads();  // every warp's P V of the last chunk is done with K, P and the maxima
       cp_async_wait_pending(chunks - 1 - k);  // this thread's copies of chunk k
-      const uint8_t* stage = smem + Sh::kSmBytes + (k - 1) * Sh::kStageBytes;
+      const uint8_t* stage = smem + Sh::stage_off(k);
       store_staged_quarter(smem + Sh::kSmK, row_chunk, e, q, stage + e * 576, stage + Sh::kStageRecords + tid * 8);
       if (q == 0) smem[Sh::kSmMask + e] = (staged_valid >> k) & 1u;
     }
