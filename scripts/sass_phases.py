@@ -7,8 +7,8 @@ Instruction counts are exact, where a short kernel's warp samples are few
 (ncu's default sampling interval gives a few hundred for a 10 us kernel):
 so this says where the instructions go even when the samples cannot. A
 phase ends at a BAR (CTA barrier), an EXIT or PREEXIT (launch_dependents);
-phases below --min instructions are folded into the next one's count only
-in the total line.
+phases with fewer than --min executed instructions are not listed (the
+percentages are of the whole kernel either way).
 
 usage: scripts/sass_phases.py SASS.csv[.gz] [--min N] [--warps W]
   SASS.csv: ncu -i REPORT --page source --csv --print-source sass
