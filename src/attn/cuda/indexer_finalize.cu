@@ -44,7 +44,7 @@ constexpr int kBatch = 8;
 // 17.7 to 14.2 us, docs/perf-notes.md runs N1 and N4); the best k fit.
 constexpr int kSortPer = 4;
 constexpr int kSortKeys = kSortPer * kFinalizeThreads;
-static_assert(kIndexerMaxTopk <= kSortKeys && kSortKeys <= kStageKeys, "the sort's buffers");
+static_assert(kIndexerMaxTopk <= kSortKeys && kSortKeys < kStageKeys, "the sort's buffers; the 0 after a ranked set");
 // The rank path: CTAs per token, for up to kRankTokens tokens (up to 256
 // CTAs: one wave): kRankCtasFew for up to kRankFewTokens tokens, else
 // kRankCtas. CTA c of a token ranks the keys whose index is c modulo the
@@ -61,19 +61,29 @@ constexpr int kRankCtas = 16;
 constexpr int kRankFewTokens = 8;
 constexpr int kRankCtasFew = 32;
 static_assert(kRankFewTokens * kRankCtasFew <= 256 && kRankTokens * kRankCtas <= 256, "one wave");
+static_assert((kRankCtas & (kRankCtas - 1)) == 0 && (kRankCtasFew & (kRankCtasFew - 1)) == 0,
+              "a CTA's share of the keys by a mask");
 
 int rank_ctas(int tokens) { return tokens <= kRankFewTokens ? kRankCtasFew : tokens <= kRankTokens ? kRankCtas : 1; }
 
 // f(rank, key) for the keys s[pos[0 .. c)] of the m unique keys s[0 .. m),
 // rank = how many of s are above the key, over the CTA's threads (every
 // thread calls it; counts: kKeys words of shared memory). A warp's lanes
-// take 32 keys and the same part of s, so their loads of s broadcast.
+// take 32 keys and the same part of s, so their loads of s broadcast. The
+// parts are read as pairs of keys (one 16-byte load for two compares; s is
+// 16-byte aligned and s[m] is 0, above no key, for a part ending at an odd m):
+// finalize of one token 12.3 -> 11.4 us at 1M context, 6.1 -> 5.9 at 4K
+// (docs/perf-notes.md, run AJ3). Narrowing the set to the best k by a radix
+// select before ranking, where it holds more than 2k keys, was slower (64K:
+// 8.8 -> 10.4 us, run AJ1).
 template <int kKeys, typename F>
 __device__ void rank_keys(const uint64_t* s, int m, const uint16_t* pos, int c, uint32_t* counts, int tid, F&& f) {
   static_assert(kKeys % 32 == 0 && kKeys <= (1 << kBits), "whole warps of keys; their counts fit hist");
   constexpr int kParts = kFinalizeThreads / kKeys;
-  const int part_len = (m + kParts - 1) / kParts, part = tid / kKeys;
+  const int part_len = ((m + kParts - 1) / kParts + 1) & ~1, part = tid / kKeys;  // even: parts start on a pair
   const int lo = min(m, part * part_len), hi = min(m, lo + part_len);
+  const int p0 = lo >> 1, p1 = lo < hi ? (hi + 1) >> 1 : p0;
+  const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(s);
   for (int j0 = 0; j0 < c; j0 += kKeys) {  // uniform
     if (tid < kKeys) counts[tid] = 0;
     __syncthreads();
@@ -82,7 +92,10 @@ __device__ void rank_keys(const uint64_t* s, int m, const uint16_t* pos, int c, 
       const uint64_t key = s[pos[j]];
       uint32_t above = 0;
 #pragma unroll 4
-      for (int i = lo; i < hi; ++i) above += s[i] > key ? 1u : 0u;
+      for (int i = p0; i < p1; ++i) {
+        const ulonglong2 v = pairs[i];
+        above += (v.x > key ? 1u : 0u) + (v.y > key ? 1u : 0u);
+      }
       atomicAdd(counts + (j - j0), above);
     }
     __syncthreads();
@@ -95,7 +108,9 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   __shared__ uint32_t hist[1 << kBits];
   __shared__ uint32_t sel[2];
   __shared__ uint64_t sorted[kIndexerMaxTopk];
-  __shared__ uint64_t staged[kStageKeys];
+  // The rank path's set: 16-byte aligned, and room (kSortKeys < kStageKeys)
+  // for the 0 after it (rank_keys' pairs).
+  __shared__ __align__(16) uint64_t staged[kStageKeys];
   __shared__ unsigned long long bound;
   __shared__ uint16_t owned[kSortKeys];  // the rank path: where this CTA's keys are in the set
   __shared__ int total, kept_count, staged_count, owned_count;
@@ -229,10 +244,12 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   }
   const int kept = min(m, k);
   if (parts > 1) {
+    const uint64_t mask = uint64_t(parts - 1);  // parts: a power of two
     for (int i0 = 0; i0 < m; i0 += kFinalizeThreads) {  // uniform: whole warps append
       const int i = i0 + tid;
-      warp_append(i < m && int(uint32_t(set[i]) % uint32_t(parts)) == cta, uint16_t(i), owned, &owned_count, lane);
+      warp_append(i < m && int(set[i] & mask) == cta, uint16_t(i), owned, &owned_count, lane);
     }
+    if (tid == 0) staged[m] = 0;  // rank_keys' pairs (set is staged: few)
     __syncthreads();
     auto f = [&](uint32_t rank, uint64_t key) {
       if (int(rank) < k) write(int(rank), key);
