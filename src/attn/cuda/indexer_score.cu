@@ -633,16 +633,27 @@ __device__ void write_lists(const SelectArgs& a, const Smem<C>& s, const Group& 
 #pragma unroll
     for (int i = 0; i < kPer; ++i) warp_append(keys[i] != 0 && keys[i] >= kth, keys[i], dst, &m->out_count, lane);
     __syncthreads();
-    if (sort) {
-      const int kept = m->out_count;
+    const int need = (k + gr.units - 1) / gr.units;  // m = ceil(k / units)
+    // Up to a key a thread, each key's place by run_rank_sort_desc: the
+    // network of bitonic_sort_desc was 3.2-3.9 us of the score kernel at
+    // 64K-1M context (docs/perf-notes.md, run AJ4).
+    // (Every thread reads the count only to sort: the sort's barriers order
+    // thread 0's reset below after those reads.)
+    const int kept = sort ? m->out_count : 0;
+    const bool by_rank = sort && kept <= C::kThreads;
+    if (by_rank) {
+      run_rank_sort_desc<C::kThreads>(sorted, kept, tid, [&](uint32_t rank, uint64_t key) {
+        out[rank] = key;
+        if (int(rank) == need - 1) a.ws.list_bounds[list] = key;
+      });
+    } else if (sort) {
       bitonic_sort_desc<C::kThreads, C::kSortPerThread>(sorted, kept, tid);
       for (int i = tid; i < kept; i += C::kThreads) out[i] = sorted[i];
     }
-    if (tid == 0) {  // (m->out_count is reset after the barriers of the sort, which read it)
-      const int kept = m->out_count;
-      const int need = (k + gr.units - 1) / gr.units;  // m = ceil(k / units)
-      if (sort) a.ws.list_bounds[list] = kept >= need ? sorted[need - 1] : 0;
-      a.ws.list_counts[list] = kept;
+    if (tid == 0) {
+      if (sort && kept < need) a.ws.list_bounds[list] = 0;
+      else if (sort && !by_rank) a.ws.list_bounds[list] = sorted[need - 1];
+      a.ws.list_counts[list] = m->out_count;
       m->out_count = 0;
     }
     __syncthreads();
@@ -677,7 +688,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) score_kernel(const SelectArgs 
   // keys[] against the appends and the sort that rewrite it, the sort's
   // last stores against the reads of the sorted list, and inside
   // bitonic_sort_desc the stores and loads of one barrier phase against
-  // another's. Each write_lists pair is ordered by a __syncthreads of all
+  // another's; in run_rank_sort_desc, its first loads against the appends,
+  // and its stores of the sorted runs against the searches' loads (run
+  // AJ5). Each write_lists pair is ordered by a __syncthreads of all
   // threads, and the same radix_kth and sort under __syncthreads in
   // finalize_kernel are reported clean: the tool seems to mis-pair barrier 0
   // once the warpgroups have passed different numbers of their named barriers

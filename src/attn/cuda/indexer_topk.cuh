@@ -192,6 +192,47 @@ __device__ void bitonic_sort_desc(uint64_t* s, int n, int tid) {
   __syncthreads();
 }
 
+// The n <= kThreads unique keys s[0 .. n) best first, over the kThreads
+// threads of the CTA, without a sorting network across warps: each warp
+// sorts its 32 keys (a bitonic network over its lanes, no barrier), then a
+// key's place is the number of keys above it in every warp's run, one
+// binary search per run, all runs' searches step by step at once (their
+// loads independent). Calls put(rank, key) for thread tid's key (tid < n).
+// s needs room for kThreads keys (the runs are padded with 0s).
+// Against the network of bitonic_sort_desc (45 dependent stages for 512
+// keys, three through shared memory) this is 15 stages and 5 search steps.
+template <int kThreads, typename Put>
+__device__ void run_rank_sort_desc(uint64_t* s, int n, int tid, Put&& put) {
+  static_assert(kThreads % 32 == 0, "whole warps");
+  constexpr int kRuns = kThreads / 32;
+  const int lane = tid & 31;
+  uint64_t v = tid < n ? s[tid] : 0;
+  for (int size = 2; size <= 32; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const uint64_t o = __shfl_xor_sync(0xffffffffu, v, stride);
+      const bool keep_max = ((lane & stride) == 0) == ((lane & size) == 0);  // descending blocks of size
+      if (keep_max == (o > v)) v = o;
+    }
+  }
+  s[tid] = v;  // this thread's own element: read above, by no other thread
+  __syncthreads();
+  if (tid >= n) return;
+  // c[r]: keys of run r above v among its first 31 (a prefix: runs are
+  // sorted), then its last key.
+  int c[kRuns];
+#pragma unroll
+  for (int r = 0; r < kRuns; ++r) c[r] = 0;
+#pragma unroll
+  for (int step = 16; step >= 1; step >>= 1) {
+#pragma unroll
+    for (int r = 0; r < kRuns; ++r) c[r] += s[32 * r + c[r] + step - 1] > v ? step : 0;
+  }
+  uint32_t rank = 0;
+#pragma unroll
+  for (int r = 0; r < kRuns; ++r) rank += uint32_t(c[r]) + (s[32 * r + 31] > v ? 1u : 0u);
+  put(rank, v);
+}
+
 // Appends the keys for which `take` holds to buf at positions taken from
 // *count (one shared-memory atomic per warp). Every lane of the warp must
 // call. Positions at or past cap are counted but not written: *count > cap
