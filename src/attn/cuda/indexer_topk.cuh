@@ -1,7 +1,8 @@
 #pragma once
 // Selection building blocks of the CUDA indexer on order keys
 // (indexer_order_key: unique, bigger is better, 0 = empty): a threshold with
-// exactly k keys at or above it by radix select, and a bitonic sort.
+// exactly k keys at or above it by radix select, and two sorts (a bitonic
+// network over the CTA, and warp runs ranked by binary search).
 // Candidates are appended with shared-memory atomics, so their order in a
 // buffer varies from run to run; everything here depends only on the set of
 // keys, and the final lists are sorted, so results are the same bits every run.
