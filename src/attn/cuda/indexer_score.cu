@@ -98,6 +98,7 @@ struct Shape {
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
   static_assert(kSortPerThread * kThreads >= kIndexerMaxTopk && kBufCap >= kIndexerMaxTopk, "write_lists' sort");
   static_assert(kMergePerThread * kThreads == kW * kBufCap, "write_lists' merge");
+  static_assert(kThreads <= kBufCap, "run_rank_sort_desc pads a buffer to a key a thread");
 };
 template <bool kFp8>
 using General = Shape<kFp8, 2, kGroupTokens>;
