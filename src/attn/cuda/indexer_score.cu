@@ -636,8 +636,8 @@ __device__ void write_lists(const SelectArgs& a, const Smem<C>& s, const Group& 
     __syncthreads();
     const int need = (k + gr.units - 1) / gr.units;  // m = ceil(k / units)
     // Up to a key a thread, each key's place by run_rank_sort_desc: the
-    // network of bitonic_sort_desc was 3.2-3.9 us of the score kernel at
-    // 64K-1M context (docs/perf-notes.md, run AJ4).
+    // network of bitonic_sort_desc was 2.8-3.9 us of the score kernel at
+    // 64K-1M context, one or eight tokens (docs/perf-notes.md, run AJ4).
     // (Every thread reads the count only to sort: the sort's barriers order
     // thread 0's reset below after those reads.)
     const int kept = sort ? m->out_count : 0;
