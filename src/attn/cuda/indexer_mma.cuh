@@ -101,10 +101,18 @@ __device__ __forceinline__ uint32_t relu_bf16x2(float lo, float hi) {
   return d;
 }
 
-// An s32 accumulator (|v| < 2^22) as float, exactly: 1.5 * 2^23 + v has
-// exponent 23 and v in its mantissa.
+// An s32 accumulator (|v| < 2^22) as float, exactly, in one of two forms:
+// kConvert, one conversion instruction (I2F, on the narrower conversion
+// pipe); else the magic-number form, two ALU instructions (1.5 * 2^23 + v has
+// exponent 23 and v in its mantissa, then a subtraction). With MXFP4 keys the
+// general score kernel (8 warps an SM) scored 11% faster on the conversion,
+// the decode one (16 warps) 4% slower (docs/perf-notes.md, run AK3).
+template <bool kConvert>
 __device__ __forceinline__ float s32_to_float_exact(uint32_t v) {
-  return __fsub_rn(__int_as_float(int(v) + 0x4b400000), 12582912.0f);
+  if constexpr (kConvert)
+    return __int2float_rn(int(v));
+  else
+    return __fsub_rn(__int_as_float(int(v) + 0x4b400000), 12582912.0f);
 }
 
 }  // namespace dsv4::cuda::ix

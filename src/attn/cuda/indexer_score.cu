@@ -82,6 +82,9 @@ template <bool kFp8_, int kW_, int kMaxG_>
 struct Shape {
   static constexpr bool kFp8 = kFp8_;
   static constexpr int kW = kW_, kMaxG = kMaxG_, kThreads = 128 * kW_;
+  // MXFP4's integer accumulators to float by the conversion instruction
+  // (s32_to_float_exact): where the CTA has few warps.
+  static constexpr bool kConvertAcc = kW_ <= 2;
   static constexpr int kStageBytes =
       kTileKeys * (indexer_code_bytes(kFp8 ? IndexKeyFormat::kFp8 : IndexKeyFormat::kMxfp4) + kIndexerScaleBytes);
   // write_lists: every buffer's keys over the CTA; a list of up to kIndexerMaxTopk keys sorted.
@@ -332,8 +335,9 @@ __device__ __forceinline__ void issue_tile(const TileRef& ref, uint8_t* stage, i
 
 // ---- epilogue ----------------------------------------------------------------------
 // Scores of rows g and g + 8 of this warp for one token (all four lanes of a
-// quad return them): see step 3 of the file comment.
-template <typename Acc>
+// quad return them): see step 3 of the file comment. kConvert: see
+// s32_to_float_exact.
+template <bool kConvert, typename Acc>
 __device__ __forceinline__ void tile_epilogue(const Acc (&acc)[32], const uint32_t* wpairs_tq, float& s0, float& s1) {
   const uint4 wa = *reinterpret_cast<const uint4*>(wpairs_tq), wb = *reinterpret_cast<const uint4*>(wpairs_tq + 4);
   const uint32_t wp[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
@@ -344,7 +348,7 @@ __device__ __forceinline__ void tile_epilogue(const Acc (&acc)[32], const uint32
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       if constexpr (std::is_integral_v<Acc>)  // s32 accumulators (MXFP4)
-        x[c] = s32_to_float_exact(uint32_t(acc[4 * i + c]));
+        x[c] = s32_to_float_exact<kConvert>(uint32_t(acc[4 * i + c]));
       else
         x[c] = float(acc[4 * i + c]);
     }
@@ -489,7 +493,7 @@ __device__ bool score_tile(const Smem<C>& s, const uint8_t* stage, int wg, int r
     }
     fence_acc(cur);
     float s0, s1;
-    tile_epilogue(cur, s.wpairs() + (tl * 4 + q) * 8, s0, s1);
+    tile_epilogue<C::kConvertAcc>(cur, s.wpairs() + (tl * 4 + q) * 8, s0, s1);
     // Every lane of the quad holds both scores: all store (no divergent
     // branch while the next chain is in flight).
     float* out = s.scores(wg, tl);
@@ -641,19 +645,18 @@ __device__ void write_lists(const SelectArgs& a, const Smem<C>& s, const Group& 
     // (Every thread reads the count only to sort: the sort's barriers order
     // thread 0's reset below after those reads.)
     const int kept = sort ? m->out_count : 0;
-    const bool by_rank = sort && kept <= C::kThreads;
-    if (by_rank) {
-      run_rank_sort_desc<C::kThreads>(sorted, kept, tid, [&](uint32_t rank, uint64_t key) {
-        out[rank] = key;
-        if (int(rank) == need - 1) a.ws.list_bounds[list] = key;
-      });
+    auto put = [&](int rank, uint64_t key) {  // the sorted list's key at `rank`; the m-th is the bound
+      out[rank] = key;
+      if (rank == need - 1) a.ws.list_bounds[list] = key;
+    };
+    if (sort && kept <= C::kThreads) {
+      run_rank_sort_desc<C::kThreads>(sorted, kept, tid, [&](uint32_t rank, uint64_t key) { put(int(rank), key); });
     } else if (sort) {
       bitonic_sort_desc<C::kThreads, C::kSortPerThread>(sorted, kept, tid);
-      for (int i = tid; i < kept; i += C::kThreads) out[i] = sorted[i];
+      for (int i = tid; i < kept; i += C::kThreads) put(i, sorted[i]);
     }
     if (tid == 0) {
-      if (sort && kept < need) a.ws.list_bounds[list] = 0;
-      else if (sort && !by_rank) a.ws.list_bounds[list] = sorted[need - 1];
+      if (sort && kept < need) a.ws.list_bounds[list] = 0;  // fewer than m keys: no bound
       a.ws.list_counts[list] = m->out_count;
       m->out_count = 0;
     }

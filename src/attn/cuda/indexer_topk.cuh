@@ -116,6 +116,13 @@ __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_
   return prefix;  // with every bit fixed: the k-th key itself (keys are unique)
 }
 
+// A compare-exchange of a bitonic network between this lane and lane ^ mask:
+// the larger of their two values where keep_max, else the smaller.
+__device__ __forceinline__ uint64_t exchange_lanes(uint64_t v, int mask, bool keep_max) {
+  const uint64_t o = __shfl_xor_sync(0xffffffffu, v, mask);
+  return keep_max == (o > v) ? o : v;
+}
+
 // Sorts s[0 .. n) descending in place (keys unique but for 0s), over the
 // kThreads threads of the CTA, n <= kPer * kThreads; s has room for n
 // rounded up to a power of two (at least kPer). A bitonic network: each
@@ -167,9 +174,7 @@ __device__ void bitonic_sort_desc(uint64_t* s, int n, int tid) {
 #pragma unroll
       for (int e = 0; e < kPer; ++e) {  // the partner is element e of lane ^ stride / kPer
         const int i = i0 + e;
-        const uint64_t o = __shfl_xor_sync(0xffffffffu, v[e], stride / kPer);
-        const bool keep_max = ((i & stride) == 0) == ((i & size) == 0);
-        if (keep_max != (v[e] > o)) v[e] = o;
+        v[e] = exchange_lanes(v[e], stride / kPer, ((i & stride) == 0) == ((i & size) == 0));
       }
     }
 #pragma unroll
@@ -209,11 +214,8 @@ __device__ void run_rank_sort_desc(uint64_t* s, int n, int tid, Put&& put) {
   const int lane = tid & 31;
   uint64_t v = tid < n ? s[tid] : 0;
   for (int size = 2; size <= 32; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      const uint64_t o = __shfl_xor_sync(0xffffffffu, v, stride);
-      const bool keep_max = ((lane & stride) == 0) == ((lane & size) == 0);  // descending blocks of size
-      if (keep_max == (o > v)) v = o;
-    }
+    for (int stride = size >> 1; stride > 0; stride >>= 1)  // descending blocks of size
+      v = exchange_lanes(v, stride, ((lane & stride) == 0) == ((lane & size) == 0));
   }
   s[tid] = v;  // this thread's own element: read above, by no other thread
   __syncthreads();
