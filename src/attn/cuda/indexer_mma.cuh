@@ -106,7 +106,8 @@ __device__ __forceinline__ uint32_t relu_bf16x2(float lo, float hi) {
 // pipe); else the magic-number form, two ALU instructions (1.5 * 2^23 + v has
 // exponent 23 and v in its mantissa, then a subtraction). With MXFP4 keys the
 // general score kernel (8 warps an SM) scored 11% faster on the conversion,
-// the decode one (16 warps) 4% slower (docs/perf-notes.md, run AK3).
+// the decode one (16 warps) 4% slower, and 1-2% faster converting every other
+// accumulator (docs/perf-notes.md, runs AK3 and AK5).
 template <bool kConvert>
 __device__ __forceinline__ float s32_to_float_exact(uint32_t v) {
   if constexpr (kConvert)

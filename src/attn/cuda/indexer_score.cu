@@ -82,9 +82,12 @@ template <bool kFp8_, int kW_, int kMaxG_>
 struct Shape {
   static constexpr bool kFp8 = kFp8_;
   static constexpr int kW = kW_, kMaxG = kMaxG_, kThreads = 128 * kW_;
-  // MXFP4's integer accumulators to float by the conversion instruction
-  // (s32_to_float_exact): where the CTA has few warps.
-  static constexpr bool kConvertAcc = kW_ <= 2;
+  // Which of MXFP4's integer accumulators go to float by the conversion
+  // instruction (s32_to_float_exact; its pipe is narrower than the ALU's):
+  // 1, all of them, where the CTA has few warps; 2, every other one, where
+  // it has 16 and the pipe's queue would cost more than the issue slots saved
+  // (runs AK3 and AK5 in docs/perf-notes.md).
+  static constexpr int kConvertAcc = kW_ <= 2 ? 1 : 2;
   static constexpr int kStageBytes =
       kTileKeys * (indexer_code_bytes(kFp8 ? IndexKeyFormat::kFp8 : IndexKeyFormat::kMxfp4) + kIndexerScaleBytes);
   // write_lists: every buffer's keys over the CTA; a list of up to kIndexerMaxTopk keys sorted.
@@ -335,9 +338,8 @@ __device__ __forceinline__ void issue_tile(const TileRef& ref, uint8_t* stage, i
 
 // ---- epilogue ----------------------------------------------------------------------
 // Scores of rows g and g + 8 of this warp for one token (all four lanes of a
-// quad return them): see step 3 of the file comment. kConvert: see
-// s32_to_float_exact.
-template <bool kConvert, typename Acc>
+// quad return them): see step 3 of the file comment. kConvert: Shape::kConvertAcc.
+template <int kConvert, typename Acc>
 __device__ __forceinline__ void tile_epilogue(const Acc (&acc)[32], const uint32_t* wpairs_tq, float& s0, float& s1) {
   const uint4 wa = *reinterpret_cast<const uint4*>(wpairs_tq), wb = *reinterpret_cast<const uint4*>(wpairs_tq + 4);
   const uint32_t wp[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
@@ -348,7 +350,8 @@ __device__ __forceinline__ void tile_epilogue(const Acc (&acc)[32], const uint32
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       if constexpr (std::is_integral_v<Acc>)  // s32 accumulators (MXFP4)
-        x[c] = s32_to_float_exact<kConvert>(uint32_t(acc[4 * i + c]));
+        x[c] = kConvert == 1 || (kConvert == 2 && (c & 1)) ? s32_to_float_exact<true>(uint32_t(acc[4 * i + c]))
+                                                           : s32_to_float_exact<false>(uint32_t(acc[4 * i + c]));
       else
         x[c] = float(acc[4 * i + c]);
     }
