@@ -2,7 +2,9 @@
 // per multiprocessor of kW consumer warpgroups. A unit is a group of tokens
 // of one run and a range of key tiles; warpgroup w takes the unit's tiles
 // w, w + kW, ... Two shapes (Shape below):
-//  * general: 2 warpgroups, groups of up to 4 tokens (any step);
+//  * general: groups of up to 4 tokens (any step); 3 warpgroups with MXFP4
+//             keys (at 2, 8 warps an SM, it was bound by latency), 2 with
+//             FP8 keys, whose stages take twice the shared memory;
 //  * decode:  4 warpgroups, groups of one token (a plan that groups tokens
 //             one by one, which the host asks for on decode steps). One
 //             wgmma chain per step needs 128 registers or fewer, so the CTA
@@ -57,11 +59,7 @@ namespace dsv4::cuda::ix {
 namespace {
 
 constexpr int kStages = 4;                 // tiles in flight per warpgroup
-constexpr int kBufCap = 1536;              // candidates per (warpgroup, token)
-constexpr int kBufPerThread = kBufCap / 128;  // keys per thread when a warpgroup cuts
 constexpr int kQTileBytes = kHeads * 128;  // one token's query heads, 128 bytes each
-static_assert(kBufCap % 128 == 0, "buffer split");
-static_assert(kBufCap - kTileKeys >= kIndexerMaxTopk, "a cut must leave room for a step");
 
 // Shared memory of a CTA with kW warpgroups and groups of up to kMaxG tokens.
 template <int kW, int kMaxG>
@@ -78,10 +76,14 @@ struct Misc {
 
 // A score kernel's shape: key format, consumer warpgroups, tokens per group;
 // and its shared-memory layout (offsets from a 1024-aligned base).
-template <bool kFp8_, int kW_, int kMaxG_>
+template <bool kFp8_, int kW_, int kMaxG_, int kBufCap_ = 1536>
 struct Shape {
   static constexpr bool kFp8 = kFp8_;
   static constexpr int kW = kW_, kMaxG = kMaxG_, kThreads = 128 * kW_;
+  // Candidates per (warpgroup, token), and per thread when a warpgroup cuts.
+  static constexpr int kBufCap = kBufCap_, kBufPerThread = kBufCap_ / 128;
+  static_assert(kBufCap % 128 == 0, "buffer split");
+  static_assert(kBufCap - kTileKeys >= kIndexerMaxTopk, "a cut must leave room for a step");
   // Which of MXFP4's integer accumulators go to float by the conversion
   // instruction (s32_to_float_exact; its pipe is narrower than the ALU's):
   // 1, all of them, where the CTA has few warps; 2, every other one, where
@@ -106,17 +108,23 @@ struct Shape {
   static_assert(kMergePerThread * kThreads == kW * kBufCap, "write_lists' merge");
   static_assert(kThreads <= kBufCap, "run_rank_sort_desc pads a buffer to a key a thread");
 };
+// The general shape with MXFP4 keys runs three warpgroups: at two (8 warps
+// an SM) it issued in fewer than half its cycles (run AK7), at three it
+// scores 13% faster (AL1). Their shared memory fits at 1,280 candidates a
+// buffer. FP8 keys' stages are twice the bytes: two warpgroups.
 template <bool kFp8>
-using General = Shape<kFp8, 2, kGroupTokens>;
+using General = Shape<kFp8, kFp8 ? 2 : 3, kGroupTokens, kFp8 ? 1536 : 1280>;
 template <bool kFp8>
 using Decode = Shape<kFp8, kDecodeWarpgroups, 1>;
+// The plan cuts units of at least kGeneralWarpgroups tiles (a third
+// warpgroup may find none in a unit of two).
 static_assert(General<true>::kW == kGeneralWarpgroups, "the plan's unit size");
 
 template <class C>
 struct Smem {
   uint8_t* base;
   __device__ uint64_t* buf(int wg, int tl) const {
-    return reinterpret_cast<uint64_t*>(base + C::kOffBuf) + (wg * C::kMaxG + tl) * kBufCap;
+    return reinterpret_cast<uint64_t*>(base + C::kOffBuf) + (wg * C::kMaxG + tl) * C::kBufCap;
   }
   __device__ float* scores(int wg, int tl) const {
     return reinterpret_cast<float*>(base + C::kOffScores) + (wg * C::kMaxG + tl) * kTileKeys;
@@ -227,8 +235,11 @@ __device__ __forceinline__ float pow2_fast(int e) {
 template <class C>
 __device__ void load_queries(const IndexerSelectParams& p, const Smem<C>& s, const Group& gr) {
   constexpr bool kFp8 = C::kFp8;
-  constexpr int P = C::kThreads / (kHeads * C::kMaxG);
-  static_assert(P >= 1 && 8 % P == 0 && P * kHeads * C::kMaxG == C::kThreads, "threads per query head");
+  // threads per query head: a power of two (three warpgroups: 1, and the
+  // last 128 threads load nothing)
+  constexpr int P0 = C::kThreads / (kHeads * C::kMaxG);
+  constexpr int P = P0 >= 8 ? 8 : P0 >= 4 ? 4 : P0 >= 2 ? 2 : 1;
+  static_assert(P >= 1 && 8 % P == 0 && P * kHeads * C::kMaxG <= C::kThreads, "threads per query head");
   auto* m = s.misc();
   const int tid = threadIdx.x, tl = tid / (kHeads * P), h = tid / P % kHeads, part = tid % P;
   bool ok = true;
@@ -513,6 +524,7 @@ __device__ void compact(const Smem<C>& s, int wg, int tl, int k) {
   auto* m = s.misc();
   uint64_t* buf = s.buf(wg, tl);
   const int n = m->count[wg][tl];
+  constexpr int kBufPerThread = C::kBufPerThread;
   uint64_t keys[kBufPerThread];
 #pragma unroll
   for (int i = 0; i < kBufPerThread; ++i) keys[i] = wt + 128 * i < n ? buf[wt + 128 * i] : 0;
@@ -564,7 +576,7 @@ __device__ void consume(const IndexerSelectParams& p, const Smem<C>& s, const Gr
     wg_sync(wg);                         // and everyone's; the last tile's appends are done
     if constexpr (kSelect)
       for (int tl = 0; tl < kG; ++tl)  // cut when another tile might not fit
-        if (m->count[wg][tl] > kBufCap - kTileKeys) compact(s, wg, tl, p.topk);
+        if (m->count[wg][tl] > C::kBufCap - kTileKeys) compact(s, wg, tl, p.topk);
     if (((has_page >> (kStages - 1)) & 1u) == 0) continue;  // no page: no keys (uniform)
     const int64_t j0 = int64_t(tile_of(i)) * kTileKeys;
     const bool ok = score_tile<C, kG>(s, s.stage(wg, i % kStages), wg, rows_of(i));
