@@ -196,13 +196,14 @@ struct Bench {
     engine->open_request(id);
     double total = 0, indexer = 0;
     std::array<double, kNumLayerTypes> per_type{};
+    nlohmann::json chunks = nlohmann::json::array();  // [position, seconds, indexer seconds] of each chunk
     for (int64_t pos = 0; pos < length; pos += chunk) {
       const int len = int(std::min<int64_t>(chunk, length - pos));
       const double t = step({{id, pos, len}}, &per_type);
       const double idx = engine->backend().indexer_seconds();
       total += t, indexer += idx;
-      if (verbose && (pos / chunk) % 16 == 0)
-        std::printf("  chunk at %8lld: %.3f s (indexer %.3f s)\n", (long long)pos, t, idx);
+      chunks.push_back({pos, t, idx});
+      if (verbose) std::printf("  chunk at %8lld: %.3f s (indexer %.3f s)\n", (long long)pos, t, idx);
     }
     const double held = double(engine->blocks().bytes_in_use());
     std::printf("| prefill | 1 | %8lld | %8.1f s | %8.0f tok/s | indexer %.1f%% | swa %.2f c4a %.2f c128a %.2f s | "
@@ -213,7 +214,7 @@ struct Bench {
     nlohmann::json row = {{"kind", "prefill"}, {"length", length}, {"chunk", chunk}, {"seconds", total},
                           {"tokens_per_s", length / total}, {"indexer_seconds", indexer},
                           {"seconds_per_type", {{"swaonly", per_type[0]}, {"c4a", per_type[1]}, {"c128a", per_type[2]}}},
-                          {"cache_bytes_held", held}};
+                          {"cache_bytes_held", held}, {"chunks", chunks}};
     if (gen > 0) {
       std::vector<double> wall;
       for (int k = 0; k < gen; ++k) wall.push_back(step({{id, length + k, 1}}, nullptr));
