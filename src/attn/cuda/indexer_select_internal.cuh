@@ -40,8 +40,11 @@ inline constexpr int kTileKeys = 64;     // keys per tile = entries per key page
 inline constexpr int kGroupTokens = 4;   // tokens scored together (one wgmma N = 64 heads each)
 inline constexpr int kHeads = 64;        // the scorer's query heads (V4: index_n_heads = 64)
 inline constexpr int kPlanThreads = 1024;
-inline constexpr int kGeneralWarpgroups = 2;  // the score kernel's consumer warpgroups for groups of up to 4 tokens
-inline constexpr int kDecodeWarpgroups = 4;   // and for one-token groups
+// The score kernel's consumer warpgroups, the plan's fewest tiles a unit:
+// for groups of up to 4 tokens (with FP8 keys; MXFP4 keys run a third
+// warpgroup, which may find no tile in a unit of two), and for one-token groups.
+inline constexpr int kGeneralWarpgroups = 2;
+inline constexpr int kDecodeWarpgroups = 4;
 inline constexpr int kFinalizeThreads = 512;
 inline constexpr int kFinalizeStageKeys = 3072;  // candidates finalize holds in shared memory
 inline constexpr int kMaxGroupUnits = 128;       // Workspace::max_group_units (finalize keeps their counts in shared memory)
