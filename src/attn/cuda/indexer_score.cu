@@ -36,7 +36,7 @@
 //     order. score = bf16(sum) * 2^Ek. Since every step commutes with power
 //     of two scaling while values stay normal, this equals the CPU's score
 //     bit for bit when the exponents pass the fast path's checks (|Eq|,
-//     |Ek| <= 32, w = 0 or 2^-32 <= |w| <= 2^32, no NaN scale). For a tile
+//     |Ek| <= 32, w = 0 or 2^-48 <= |w| <= 2^32, no NaN scale). For a tile
 //     with a key or token outside that, the exact scalar path (the CPU's
 //     functions) overwrites the scores afterwards;
 //  4. appends keys better than the token's threshold to the warpgroup's
@@ -65,7 +65,7 @@ constexpr int kQTileBytes = kHeads * 128;  // one token's query heads, 128 bytes
 template <int kW, int kMaxG>
 struct Misc {
   int unit;
-  int all_ok;                        // every head of every token passes the fast path's checks
+  uint32_t bad_tokens;               // bit tl: some head of token tl fails the fast path's checks
   int out_count;
   int tok_t[kMaxG];                  // global token index
   int tok_n[kMaxG];                  // visible keys
@@ -141,9 +141,20 @@ __device__ __forceinline__ int swz(int r, int c) { return r * 128 + (((c ^ r) & 
 
 // Exponent bounds of the fast path (see the file comment).
 constexpr int kFastExp = 32;
+// Head weights: w = 0 or 2^-48 <= |w| <= 2^32. Why 2^-48 is still exact
+// (MXFP4): a nonzero dot is at least 2^(Eq + Ek) >= 2^-64, so a nonzero
+// term bf16(bf16(dot) * w) is at least 2^-112 and a multiple of 2^-119;
+// every partial sum is then a multiple of 2^-119, a normal float when it is
+// not zero, on the CPU's side and (scaled by 2^-Ek) on ours, and both round
+// alike (the bound holds to 2^-55). FP8 keys' dots are at least 2^-82 on the
+// CPU's side, whose sums may go subnormal below ~2^-37 weights; our side stays
+// normal there, and FP8 scores match only within the tensor cores' rounding
+// anyway. (At 2^-32, one of the 350 million head weights of a 256K prefill's
+// C4A layers fell outside, and its group's exact scores cost 2 s: run AM1.)
+constexpr float kFastWeightMin = 0x1p-48f;
 __device__ __forceinline__ bool weight_ok(float w) {
   const float a = fabsf(w);
-  return a == 0.0f || (a >= 0x1p-32f && a <= 0x1p32f);
+  return a == 0.0f || (a >= kFastWeightMin && a <= 0x1p32f);
 }
 
 // The fold of one MXFP4 record from its scale word and which blocks hold a
@@ -303,8 +314,14 @@ __device__ void load_queries(const IndexerSelectParams& p, const Smem<C>& s, con
     m->tau[tid / C::kMaxG][tid % C::kMaxG] = 0;
   }
   fence_proxy_async();  // generic writes of B, read by wgmma (async proxy)
-  const int all = __syncthreads_and(ok);
-  if (tid == 0) m->all_ok = all;
+  // Which tokens fail a check: only their scores take the exact path. (With
+  // one flag for the group, its other tokens went there too: a 256K
+  // prefill's chunk with one such group took 2.55 s of indexer time, 1.73 s
+  // with a flag a token, 0.40 s with the group on the fast path, runs AM1-AM2.)
+  uint32_t bad = 0;
+#pragma unroll
+  for (int u = 0; u < C::kMaxG; ++u) bad |= uint32_t(__syncthreads_or(!ok && tl == u)) << u;
+  if (tid == 0) m->bad_tokens = bad;
   __syncthreads();
 }
 
@@ -382,31 +399,50 @@ __device__ __forceinline__ void tile_epilogue(const Acc (&acc)[32], const uint32
 }
 
 // The exact scalar path for one tile: the CPU twin's arithmetic per (token,
-// key), into the tokens' score slots.
+// key), into the score slots of the tokens in `tokens` (bit tl). With one
+// token two threads share a pair, each two of IndexerHeadSum's four partial
+// sums (heads h with (h & 7) >> 2 == half), added in its order.
 template <class C>
-__device__ void tile_exact(const IndexerSelectParams& p, const Smem<C>& s, const uint8_t* stage, int wg, int wt, int G,
-                           int64_t j0) {
+__device__ void tile_exact(const IndexerSelectParams& p, const Smem<C>& s, const uint8_t* stage, int wg, int wt,
+                           uint32_t tokens, int64_t j0) {
   constexpr bool kFp8 = C::kFp8;
   constexpr int kCode = kFp8 ? kIndexDim : kIndexDim / 2;
   const auto* m = s.misc();
-  for (int pair = wt; pair < G * kTileKeys; pair += 128) {
-    const int tl = pair / kTileKeys, r = pair % kTileKeys;
-    if (j0 + r >= m->tok_n[tl]) continue;
-    const uint8_t* kc = stage + r * kCode;
-    const uint8_t* ks = stage + kTileKeys * kCode + r * kIndexerScaleBytes;
-    const int64_t e0 = int64_t(m->tok_t[tl]) * kHeads;
+  const int n = __popc(tokens), halves = n == 1 ? 2 : 1, pairs = n * kTileKeys;
+  for (int base = 0; base < pairs * halves; base += 128) {  // (uniform: the shuffle below)
+    const int idx = base + wt, pair = idx / halves, half = idx % halves;
+    int tl = 0;  // the (pair / kTileKeys)-th token of the mask
+    for (int u = 0, k = pair / kTileKeys; u < C::kMaxG; ++u)
+      if ((tokens >> u) & 1u) {
+        if (k == 0) tl = u;
+        --k;
+      }
+    const int r = pair % kTileKeys;
+    const bool live = pair < pairs && j0 + r < m->tok_n[tl];
     IndexerHeadSum hs;
-    for (int h = 0; h < kHeads; ++h) {
-      const uint8_t* qc = p.queries.codes + (e0 + h) * kCode;
-      const uint8_t* qs = p.queries.scales + (e0 + h) * kIndexerScaleBytes;
-      float v;
-      if constexpr (kFp8)
-        v = indexer_fp8_dot(qc, *reinterpret_cast<const float*>(qs), kc, *reinterpret_cast<const float*>(ks));
-      else
-        v = indexer_mxfp4_dot(qc, qs, kc, ks);
-      hs.add(h, indexer_term(v, p.queries.weights[e0 + h]));
+    if (live) {
+      const uint8_t* kc = stage + r * kCode;
+      const uint8_t* ks = stage + kTileKeys * kCode + r * kIndexerScaleBytes;
+      const int64_t e0 = int64_t(m->tok_t[tl]) * kHeads;
+      for (int h = 0; h < kHeads; ++h) {
+        if (halves == 2 && ((h & 7) >> 2) != half) continue;
+        const uint8_t* qc = p.queries.codes + (e0 + h) * kCode;
+        const uint8_t* qs = p.queries.scales + (e0 + h) * kIndexerScaleBytes;
+        float v;
+        if constexpr (kFp8)
+          v = indexer_fp8_dot(qc, *reinterpret_cast<const float*>(qs), kc, *reinterpret_cast<const float*>(ks));
+        else
+          v = indexer_mxfp4_dot(qc, qs, kc, ks);
+        hs.add(h, indexer_term(v, p.queries.weights[e0 + h]));
+      }
     }
-    s.scores(wg, tl)[r] = indexer_finish(hs.total());
+    float total = hs.total();
+    if (halves == 2) {  // (p0 + p1) + (p2 + p3), the halves' sums in lanes idx, idx ^ 1
+      const float mine = half == 0 ? hs.p[0] + hs.p[1] : hs.p[2] + hs.p[3];
+      const float other = __shfl_xor_sync(0xffffffffu, mine, 1);
+      total = half == 0 ? mine + other : other + mine;
+    }
+    if (live && half == 0) s.scores(wg, tl)[r] = indexer_finish(total);
   }
 }
 
@@ -581,12 +617,13 @@ __device__ void consume(const IndexerSelectParams& p, const Smem<C>& s, const Gr
     const int64_t j0 = int64_t(tile_of(i)) * kTileKeys;
     const bool ok = score_tile<C, kG>(s, s.stage(wg, i % kStages), wg, rows_of(i));
     // The scores are visible after this barrier, which also tells whether any
-    // key of the tile is outside the fast path's range. Then, or for a token
-    // outside it, the exact path overwrites the tile's scores. (After the
-    // chains, not around them: a wgmma under a data-dependent branch makes
-    // ptxas serialize the chains.)
-    if (bar_red_or(!ok, 1 + wg, 128) || !m->all_ok) {
-      tile_exact(p, s, s.stage(wg, i % kStages), wg, wt, kG, j0);
+    // key of the tile is outside the fast path's range. The exact path then
+    // overwrites the scores of every token (a key outside) or of the tokens
+    // outside it. (After the chains, not around them: a wgmma under a
+    // data-dependent branch makes ptxas serialize the chains.)
+    const uint32_t exact = bar_red_or(!ok, 1 + wg, 128) ? (1u << kG) - 1 : m->bad_tokens & ((1u << kG) - 1);
+    if (exact != 0) {
+      tile_exact(p, s, s.stage(wg, i % kStages), wg, wt, exact, j0);
       wg_sync(wg);
     }
     if constexpr (kSelect) {

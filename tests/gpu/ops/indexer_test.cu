@@ -268,6 +268,13 @@ struct WorldOptions {
   int64_t page_offset = 0;  // first page id handed out (big: byte offsets past 2^31)
   double slow_key_rate = 0;  // MXFP4 keys with a block 2^5 below the others (the exact path)
   double odd_key_rate = 0;   // MXFP4 keys with blocks of zero codes or NaN scales (odd_key below)
+  // > 0: tokens 0, n, 2n, ... have queries 2^-20 of the others' and head 0
+  // weighted 2^-106, the rest 0 (outside the fast path, and past what its
+  // scaling keeps exact: the CPU's terms are near 2^-126, many subnormal)
+  int odd_weight_every = 0;
+  // > 0: tokens 1, 1 + n, ... have queries 2^-20 of the others' and every
+  // head weight at 2^-48 (the fast path's bound) times 1..1.875
+  int small_weights_every = 0;
   int duplicate_every = 0;   // > 0: every key j with j % this != 0 copies key j - j % this (exact ties)
   bool one_key = false;      // every key of a run is its first key (one score)
   uint32_t seed = 1;
@@ -361,7 +368,25 @@ World make_world(IndexKeyFormat f, int topk, const std::vector<RunSpec>& runs, c
   w.T = int(w.positions.size());
   QueryInputs qi = random_query_inputs(w.T, opt.seed + 7);
   qi.positions = w.positions;
+  // The odd and small-weight tokens: queries scaled by 2^-20 (exact), then their head weights.
+  const auto each = [&](int first, int every, auto&& fn) {
+    for (int t = first; every > 0 && t < w.T; t += every) fn(t);
+  };
+  const auto tiny_queries = [&](int t) {
+    uint16_t* q = qi.q_raw.data() + size_t(t) * 64 * kIndexDim;
+    for (int i = 0; i < 64 * kIndexDim; ++i) q[i] = bf16_bits(bf16_to_float(q[i]) * 0x1p-20f);
+  };
+  each(0, opt.odd_weight_every, tiny_queries);
+  each(1, opt.small_weights_every, tiny_queries);
   w.q = cpu_queries(qi, f);
+  float* weights = w.q.weights.data();
+  each(0, opt.odd_weight_every, [&](int t) {
+    for (int h = 0; h < 64; ++h) weights[size_t(t) * 64 + size_t(h)] = h == 0 ? 0x1p-106f : 0.0f;
+  });
+  each(1, opt.small_weights_every, [&](int t) {  // mixed signs: head sums that cancel to far smaller values
+    for (int h = 0; h < 64; ++h)
+      weights[size_t(t) * 64 + size_t(h)] = (h % 2 ? -1.0f : 1.0f) * (1.0f + float(h % 8) / 8) * 0x1p-48f;
+  });
   return w;
 }
 
@@ -602,6 +627,23 @@ TEST_F(IndexerCudaTest, AllKeysTiePastTheStage) {
 // Keys whose MXFP4 blocks span more than 3 binades take the exact scalar path.
 TEST_F(IndexerCudaTest, WideBlockScalesTakeTheExactPath) {
   run_case(IndexKeyFormat::kMxfp4, 512, {RunSpec{20000, 3, 0}, RunSpec{7000, 1, 0}}, {.slow_key_rate = 0.002, .seed = 10});
+}
+
+// Head weights at the fast path's lower bound (2^-48, see weight_ok): the
+// smallest terms and their sums must still round as the CPU's.
+TEST_F(IndexerCudaTest, HeadWeightsAtTheFastPathsBound) {
+  run_case(IndexKeyFormat::kMxfp4, 512, prefill_runs(), {.small_weights_every = 3, .seed = 28});
+  run_case(IndexKeyFormat::kMxfp4, 512, {RunSpec{20000, 1, 0}, RunSpec{9000, 3, 0}}, {.small_weights_every = 1, .seed = 29});
+  run_case(IndexKeyFormat::kFp8, 512, {RunSpec{20000, 3, 0}, RunSpec{7000, 1, 0}}, {.small_weights_every = 2, .seed = 30});
+}
+
+// A query head whose weight is outside the fast path's range: that token's
+// scores take the exact path, its group's other tokens stay on the fast one.
+TEST_F(IndexerCudaTest, OneTokenOffTheFastPath) {
+  run_case(IndexKeyFormat::kMxfp4, 512, prefill_runs(), {.odd_weight_every = 7, .seed = 25});
+  run_case(IndexKeyFormat::kMxfp4, 512, {RunSpec{20000, 1, 0}, RunSpec{7000, 1, 0}, RunSpec{9000, 3, 0}},
+           {.odd_weight_every = 2, .seed = 26});
+  run_case(IndexKeyFormat::kFp8, 512, {RunSpec{20000, 3, 0}, RunSpec{7000, 1, 0}}, {.odd_weight_every = 3, .seed = 27});
 }
 
 // Blocks of zero codes (which the fold skips, whatever their scale), keys of
