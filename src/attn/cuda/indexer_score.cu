@@ -36,9 +36,9 @@
 //     order. score = bf16(sum) * 2^Ek. Since every step commutes with power
 //     of two scaling while values stay normal, this equals the CPU's score
 //     bit for bit when the exponents pass the fast path's checks (|Eq|,
-//     |Ek| <= 32, w = 0 or 2^-48 <= |w| <= 2^32, no NaN scale). For a tile
-//     with a key or token outside that, the exact scalar path (the CPU's
-//     functions) overwrites the scores afterwards;
+//     |Ek| <= 32, w = 0 or 2^-48 <= |w| <= 2^32, no NaN scale). For a token
+//     outside that, the exact scalar path (the CPU's functions) overwrites
+//     its scores afterwards; for a key outside it, every token's of the tile;
 //  4. appends keys better than the token's threshold to the warpgroup's
 //     candidate buffer; a full buffer is cut to the best k (radix select),
 //     which raises the threshold.
