@@ -19,6 +19,8 @@
 //    N: for rows of up to N entries (cuda_attention_decode_max_entries;
 //    default and at most 1,024); --attn-decode-warps N: its CTAs of N warps
 //    (4, 8 or 16; cuda_attention_decode_warps, default 0: chosen per call).
+//  - --index-keys fp8|mxfp4: the indexer's key cache (default mxfp4, the
+//    engine's; fp8 is vLLM's default, SPEC §5).
 //  - --trace FILE (with --decode): one more replayed step under CUPTI's kernel
 //    records (kernel_trace.h): every kernel's start, end and stream to FILE
 //    (CSV), and a summary of where the step's time went.
@@ -100,9 +102,10 @@ struct Bench {
     const auto t0 = std::chrono::steady_clock::now();
     engine = Engine::from_seed(config, 1, o);
     const BackendMemory m = engine->backend().memory();
-    std::printf("engine: %.1f s to build; device memory: weights %.2f GB, caches %.2f GB, workspace %.2f GB; "
-                "admits %lld tokens of context\n",
-                seconds_since(t0), m.weights / 1e9, m.caches / 1e9, m.workspace / 1e9,
+    std::printf("engine: %.1f s to build; %s indexer keys; device memory: weights %.2f GB, caches %.2f GB, "
+                "workspace %.2f GB; admits %lld tokens of context\n",
+                seconds_since(t0), std::string(index_key_format_name(o.index_keys)).c_str(), m.weights / 1e9,
+                m.caches / 1e9, m.workspace / 1e9,
                 (long long)engine->blocks().limits().context_tokens(engine->cache_spec()));
     engine->fill_caches_synthetic(7);
   }
@@ -270,8 +273,16 @@ int main(int argc, char** argv) {
     else if (a == "--trace" && i + 1 < argc) trace = argv[++i];
     else if (a == "--stamps") stamps = true;
     else if (a == "--gpu-memory" && i + 1 < argc) eo.gpu_memory = std::atof(argv[++i]);
+    else if (a == "--index-keys" && i + 1 < argc) {
+      try {
+        eo.index_keys = parse_index_key_format(argv[++i]);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+        return 2;
+      }
+    }
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--attn-decode-max N] [--attn-decode-entries N] [--attn-decode-warps N] [--prefill LEN | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV] [--stamps]] [--json FILE] [--gpu-memory F]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--attn-decode-max N] [--attn-decode-entries N] [--attn-decode-warps N] [--prefill LEN | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV] [--stamps]] [--json FILE] [--gpu-memory F] [--index-keys fp8|mxfp4]\n", argv[0]);
       return 2;
     }
   }

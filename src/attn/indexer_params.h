@@ -120,12 +120,21 @@ constexpr int64_t indexer_visible(int64_t pos) {
   return n < kIndexerMaxKeys ? n : kIndexerMaxKeys;
 }
 
-// Twice an e2m1 value (an integer in [-12, 12]) from its 4-bit code.
+// Twice an e2m1 value (an integer in [-12, 12]) from its 4-bit code. The
+// magnitudes 0, 1, 2, 3, 4, 6, 8, 12 are the nibbles of one constant: as an
+// array, device code built the table in local memory at every call (the
+// CUDA exact path's inner loop).
 constexpr int indexer_e2m1_twice(uint32_t code) {
-  constexpr int kMag[8] = {0, 1, 2, 3, 4, 6, 8, 12};
-  const int m = kMag[code & 7u];
+  const int m = int((0xC8643210u >> (4u * (code & 7u))) & 15u);
   return (code & 8u) ? -m : m;
 }
+static_assert(
+    [] {
+      for (uint32_t c = 0; c < 16; ++c)
+        if (indexer_e2m1_twice(c) != int(2.0f * e2m1_to_float(uint8_t(c)))) return false;
+      return true;
+    }(),
+    "indexer_e2m1_twice: twice e2m1_to_float for every code");
 
 // 2^e as a double, e in [-1022, 1023].
 constexpr double indexer_pow2(int e) { return std::bit_cast<double>(uint64_t(e + 1023) << 52); }

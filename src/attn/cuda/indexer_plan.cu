@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) 
   int64_t total_work = 0;
   block_exclusive_scan<kPlanThreads>(work, &total_work);  // (the sum is what matters)
   const int64_t target = ws.target_units;
-  const int min_unit_tiles = a.solo ? kDecodeWarpgroups : kGeneralWarpgroups;
+  const int min_unit_tiles = a.solo ? kDecodeWarpgroups : kGeneralMinUnitTiles;
   const int64_t unit_work = max(int64_t(1), (total_work + target - 1) / target);
   auto units_of = [&](const Group& gr) -> int64_t {
     if (gr.tiles == 0) return 0;

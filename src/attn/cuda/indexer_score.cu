@@ -2,9 +2,9 @@
 // per multiprocessor of kW consumer warpgroups. A unit is a group of tokens
 // of one run and a range of key tiles; warpgroup w takes the unit's tiles
 // w, w + kW, ... Two shapes (Shape below):
-//  * general: groups of up to 4 tokens (any step); 3 warpgroups with MXFP4
-//             keys (at 2, 8 warps an SM, it was bound by latency), 2 with
-//             FP8 keys, whose stages take twice the shared memory;
+//  * general: groups of up to 4 tokens (any step); 3 warpgroups (at 2,
+//             8 warps an SM, it was bound by latency); FP8 keys, whose
+//             stages take twice the shared memory, keep fewer in flight;
 //  * decode:  4 warpgroups, groups of one token (a plan that groups tokens
 //             one by one, which the host asks for on decode steps). One
 //             wgmma chain per step needs 128 registers or fewer, so the CTA
@@ -58,7 +58,6 @@
 namespace dsv4::cuda::ix {
 namespace {
 
-constexpr int kStages = 4;                 // tiles in flight per warpgroup
 constexpr int kQTileBytes = kHeads * 128;  // one token's query heads, 128 bytes each
 
 // Shared memory of a CTA with kW warpgroups and groups of up to kMaxG tokens.
@@ -76,10 +75,11 @@ struct Misc {
 
 // A score kernel's shape: key format, consumer warpgroups, tokens per group;
 // and its shared-memory layout (offsets from a 1024-aligned base).
-template <bool kFp8_, int kW_, int kMaxG_, int kBufCap_ = 1536>
+template <bool kFp8_, int kW_, int kMaxG_, int kBufCap_ = 1536, int kStages_ = 4>
 struct Shape {
   static constexpr bool kFp8 = kFp8_;
   static constexpr int kW = kW_, kMaxG = kMaxG_, kThreads = 128 * kW_;
+  static constexpr int kStages = kStages_;  // tiles in flight per warpgroup
   // Candidates per (warpgroup, token), and per thread when a warpgroup cuts.
   static constexpr int kBufCap = kBufCap_, kBufPerThread = kBufCap_ / 128;
   static_assert(kBufCap % 128 == 0, "buffer split");
@@ -97,7 +97,7 @@ struct Shape {
   static constexpr int kSortPerThread = 4;  // (warps past a short list's end skip the sort's stages)
   static constexpr int kOffQ = 0;
   static constexpr int kOffStage = kOffQ + kMaxG * kQTileBytes;
-  static constexpr int kOffBuf = kOffStage + kW * kStages * kStageBytes;
+  static constexpr int kOffBuf = kOffStage + kW * kStages_ * kStageBytes;
   static constexpr int kOffScores = kOffBuf + kW * kMaxG * kBufCap * 8;
   static constexpr int kOffW = kOffScores + kW * kMaxG * kTileKeys * 4;
   static constexpr int kOffHist = kOffW + kMaxG * 4 * 8 * 4;  // [token][q][i] bf16x2 head weights
@@ -108,17 +108,17 @@ struct Shape {
   static_assert(kMergePerThread * kThreads == kW * kBufCap, "write_lists' merge");
   static_assert(kThreads <= kBufCap, "run_rank_sort_desc pads a buffer to a key a thread");
 };
-// The general shape with MXFP4 keys runs three warpgroups: at two (8 warps
-// an SM) it issued in fewer than half its cycles (run AK7), at three it
-// scores 13% faster (AL1). Their shared memory fits at 1,280 candidates a
-// buffer. FP8 keys' stages are twice the bytes: two warpgroups.
+// The general shape runs three warpgroups: at two (8 warps an SM) it issued
+// in fewer than half its cycles (run AK7); with MXFP4 keys three score 13%
+// faster (AL1). Their shared memory fits at 1,280 candidates a buffer; FP8
+// keys' stages are twice the bytes, so they keep three tiles in flight and
+// 1,152 candidates (the last 8K chunk of a 64K prefill scores 11% faster
+// than at two warpgroups, run AN1). The plan cuts units of at least
+// kGeneralMinUnitTiles tiles: a third warpgroup may find none in a unit of two.
 template <bool kFp8>
-using General = Shape<kFp8, kFp8 ? 2 : 3, kGroupTokens, kFp8 ? 1536 : 1280>;
+using General = Shape<kFp8, 3, kGroupTokens, kFp8 ? 1152 : 1280, kFp8 ? 3 : 4>;
 template <bool kFp8>
 using Decode = Shape<kFp8, kDecodeWarpgroups, 1>;
-// The plan cuts units of at least kGeneralWarpgroups tiles (a third
-// warpgroup may find none in a unit of two).
-static_assert(General<true>::kW == kGeneralWarpgroups, "the plan's unit size");
 
 template <class C>
 struct Smem {
@@ -132,7 +132,7 @@ struct Smem {
   __device__ uint32_t* wpairs() const { return reinterpret_cast<uint32_t*>(base + C::kOffW); }
   __device__ uint32_t* hist(int i) const { return reinterpret_cast<uint32_t*>(base + C::kOffHist) + 256 * i; }
   __device__ Misc<C::kW, C::kMaxG>* misc() const { return reinterpret_cast<Misc<C::kW, C::kMaxG>*>(base + C::kOffMisc); }
-  __device__ uint8_t* stage(int wg, int s) const { return base + C::kOffStage + (wg * kStages + s) * C::kStageBytes; }
+  __device__ uint8_t* stage(int wg, int s) const { return base + C::kOffStage + (wg * C::kStages + s) * C::kStageBytes; }
 };
 
 // Byte offset of 16-byte chunk c of row r in a 128-byte-row tile with the
@@ -424,16 +424,22 @@ __device__ void tile_exact(const IndexerSelectParams& p, const Smem<C>& s, const
       const uint8_t* kc = stage + r * kCode;
       const uint8_t* ks = stage + kTileKeys * kCode + r * kIndexerScaleBytes;
       const int64_t e0 = int64_t(m->tok_t[tl]) * kHeads;
-      for (int h = 0; h < kHeads; ++h) {
-        if (halves == 2 && ((h & 7) >> 2) != half) continue;
-        const uint8_t* qc = p.queries.codes + (e0 + h) * kCode;
-        const uint8_t* qs = p.queries.scales + (e0 + h) * kIndexerScaleBytes;
-        float v;
-        if constexpr (kFp8)
-          v = indexer_fp8_dot(qc, *reinterpret_cast<const float*>(qs), kc, *reinterpret_cast<const float*>(ks));
-        else
-          v = indexer_mxfp4_dot(qc, qs, kc, ks);
-        hs.add(h, indexer_term(v, p.queries.weights[e0 + h]));
+      // (Heads by eights, unrolled within: the partial a head adds to is then
+      // known to the compiler, and hs.p stays in registers, not local memory.)
+      for (int h8 = 0; h8 < kHeads; h8 += 8) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          if (halves == 2 && (i >> 2) != half) continue;
+          const int h = h8 + i;
+          const uint8_t* qc = p.queries.codes + (e0 + h) * kCode;
+          const uint8_t* qs = p.queries.scales + (e0 + h) * kIndexerScaleBytes;
+          float v;
+          if constexpr (kFp8)
+            v = indexer_fp8_dot(qc, *reinterpret_cast<const float*>(qs), kc, *reinterpret_cast<const float*>(ks));
+          else
+            v = indexer_mxfp4_dot(qc, qs, kc, ks);
+          hs.add(i, indexer_term(v, p.queries.weights[e0 + h]));
+        }
       }
     }
     float total = hs.total();
@@ -585,6 +591,7 @@ template <class C, bool kSelect, int kG>
 __device__ void consume(const IndexerSelectParams& p, const Smem<C>& s, const Group& gr, const Unit& un) {
   const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127, lane = wt & 31;
   auto* m = s.misc();
+  constexpr int kStages = C::kStages;
   int n_max = 0;  // the group's most visible keys
   for (int tl = 0; tl < kG; ++tl) n_max = max(n_max, m->tok_n[tl]);
   const int first = un.tile_begin + wg;

@@ -40,10 +40,11 @@ inline constexpr int kTileKeys = 64;     // keys per tile = entries per key page
 inline constexpr int kGroupTokens = 4;   // tokens scored together (one wgmma N = 64 heads each)
 inline constexpr int kHeads = 64;        // the scorer's query heads (V4: index_n_heads = 64)
 inline constexpr int kPlanThreads = 1024;
-// The score kernel's consumer warpgroups, the plan's fewest tiles a unit:
-// for groups of up to 4 tokens (with FP8 keys; MXFP4 keys run a third
-// warpgroup, which may find no tile in a unit of two), and for one-token groups.
-inline constexpr int kGeneralWarpgroups = 2;
+// The plan's fewest tiles a unit for groups of up to 4 tokens (the score
+// kernel's general shape runs three warpgroups; the third may find no tile
+// in a unit of two), and the decode shape's warpgroups, which are also its
+// fewest tiles a unit (groups of one token).
+inline constexpr int kGeneralMinUnitTiles = 2;
 inline constexpr int kDecodeWarpgroups = 4;
 inline constexpr int kFinalizeThreads = 512;
 inline constexpr int kFinalizeStageKeys = 3072;  // candidates finalize holds in shared memory

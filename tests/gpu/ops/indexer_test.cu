@@ -664,12 +664,12 @@ TEST_F(IndexerCudaTest, LongContext262kKeys) {
   run_case(IndexKeyFormat::kFp8, 512, {RunSpec{1048575, 1, 0}}, {.seed = 13});
 }
 
-// Units long enough that a warpgroup's candidate buffer (1,536 keys; 1,280
-// in the general kernel with MXFP4 keys) fills and is cut to the best k,
-// more than once: with two units of work, the 64K-context token's 256 tiles
-// make one unit, 64 tiles per warpgroup of the decode kernel and 128 of the
-// general one (85-86 with MXFP4 keys' three warpgroups; its groups of 2
-// tokens cut too).
+// Units long enough that a warpgroup's candidate buffer (1,536 keys in the
+// decode kernel; 1,280 in the general one with MXFP4 keys, 1,152 with FP8
+// keys) fills and is cut to the best k, more than once: with two units of
+// work, the 64K-context token's 256 tiles make one unit, 64 tiles per
+// warpgroup of the decode kernel and 85-86 of the general one's three (its
+// groups of 2 tokens cut too).
 TEST_F(IndexerCudaTest, LongUnitsCutTheirBuffers) {
   const std::vector<RunSpec> runs = {RunSpec{65535, 1, 0}, RunSpec{50001, 2, 0}};
   run_case(IndexKeyFormat::kMxfp4, 512, runs, {.seed = 19}, 2);
