@@ -210,7 +210,9 @@ constexpr float indexer_term(float dot, float w) {
 struct IndexerHeadSum {
   float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   DSV4_HD void add(int h, float term) { p[(h & 7) >> 1] += term; }
-  DSV4_HD float total() const { return (p[0] + p[1]) + (p[2] + p[3]); }
+  // Half i's sum: heads with (h & 7) >> 2 == i (a CUDA thread may hold one half).
+  DSV4_HD float half(int i) const { return i == 0 ? p[0] + p[1] : p[2] + p[3]; }
+  DSV4_HD float total() const { return half(0) + half(1); }
 };
 
 // The score from the head sum: -0 becomes +0, then bf16.

@@ -411,12 +411,8 @@ __device__ void tile_exact(const IndexerSelectParams& p, const Smem<C>& s, const
   const int n = __popc(tokens), halves = n == 1 ? 2 : 1, pairs = n * kTileKeys;
   for (int base = 0; base < pairs * halves; base += 128) {  // (uniform: the shuffle below)
     const int idx = base + wt, pair = idx / halves, half = idx % halves;
-    int tl = 0;  // the (pair / kTileKeys)-th token of the mask
-    for (int u = 0, k = pair / kTileKeys; u < C::kMaxG; ++u)
-      if ((tokens >> u) & 1u) {
-        if (k == 0) tl = u;
-        --k;
-      }
+    // the (pair / kTileKeys)-th token of the mask (__fns counts from 1)
+    const int tl = pair < pairs ? int(__fns(tokens, 0, pair / kTileKeys + 1)) : 0;
     const int r = pair % kTileKeys;
     const bool live = pair < pairs && j0 + r < m->tok_n[tl];
     IndexerHeadSum hs;
@@ -443,10 +439,9 @@ __device__ void tile_exact(const IndexerSelectParams& p, const Smem<C>& s, const
       }
     }
     float total = hs.total();
-    if (halves == 2) {  // (p0 + p1) + (p2 + p3), the halves' sums in lanes idx, idx ^ 1
-      const float mine = half == 0 ? hs.p[0] + hs.p[1] : hs.p[2] + hs.p[3];
-      const float other = __shfl_xor_sync(0xffffffffu, mine, 1);
-      total = half == 0 ? mine + other : other + mine;
+    if (halves == 2) {  // the halves' sums in lanes idx, idx ^ 1 (their sum is total()'s)
+      const float mine = hs.half(half);
+      total = mine + __shfl_xor_sync(0xffffffffu, mine, 1);
     }
     if (live && half == 0) s.scores(wg, tl)[r] = indexer_finish(total);
   }
@@ -704,15 +699,15 @@ __device__ void write_lists(const SelectArgs& a, const Smem<C>& s, const Group& 
     // (Every thread reads the count only to sort: the sort's barriers order
     // thread 0's reset below after those reads.)
     const int kept = sort ? m->out_count : 0;
-    auto put = [&](int rank, uint64_t key) {  // the sorted list's key at `rank`; the m-th is the bound
+    auto put = [&](uint32_t rank, uint64_t key) {  // the sorted list's key at `rank`; the m-th is the bound
       out[rank] = key;
-      if (rank == need - 1) a.ws.list_bounds[list] = key;
+      if (int(rank) == need - 1) a.ws.list_bounds[list] = key;
     };
     if (sort && kept <= C::kThreads) {
-      run_rank_sort_desc<C::kThreads>(sorted, kept, tid, [&](uint32_t rank, uint64_t key) { put(int(rank), key); });
+      run_rank_sort_desc<C::kThreads>(sorted, kept, tid, put);
     } else if (sort) {
       bitonic_sort_desc<C::kThreads, C::kSortPerThread>(sorted, kept, tid);
-      for (int i = tid; i < kept; i += C::kThreads) put(i, sorted[i]);
+      for (int i = tid; i < kept; i += C::kThreads) put(uint32_t(i), sorted[i]);
     }
     if (tid == 0) {
       if (sort && kept < need) a.ws.list_bounds[list] = 0;  // fewer than m keys: no bound
@@ -732,8 +727,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) score_kernel(const SelectArgs 
   // The plan is read before the wait: the plan kernel lets nothing start
   // before it ends (indexer_plan.cu).
   const int units = a.ws.counters->units;
+  auto unit_at = [&](int u) { return a.ws.units[units - 1 - u]; };  // the u-th taken
   int u = blockIdx.x;
-  Unit un = u < units ? a.ws.units[units - 1 - u] : Unit{};
+  Unit un = u < units ? unit_at(u) : Unit{};
   Group gr = u < units ? a.ws.groups[un.group] : Group{};
   pdl_start();  // pdl.cuh: launched with pdl_launch
   extern __shared__ uint8_t smem_raw[];
@@ -788,7 +784,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) score_kernel(const SelectArgs 
     __syncthreads();
     u = m->unit;
     if (u < units) {
-      un = a.ws.units[units - 1 - u];
+      un = unit_at(u);
       gr = a.ws.groups[un.group];
     }
   }
