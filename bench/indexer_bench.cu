@@ -24,8 +24,13 @@
 // --runs plans every case by runs (the general score kernel); --units N cuts
 // every call into about N units (IndexerSelectCudaLimits::work_units; the
 // default is the op's).
+// --exact-every N gives every N-th token (N - 1, 2N - 1, ...) a head weight
+// of 2^-100, outside the score kernel's fast path (indexer_score.cu,
+// weight_ok): those tokens' scores take its exact scalar path, whose cost
+// this measures.
 // Usage: indexer_bench [--quick] [--format mxfp4|fp8] [--topk N] [--tokens T]
-//                      [--context C] [--runs] [--units N]   (--tokens / --context keep only the cases of that T / context)
+//                      [--context C] [--runs] [--units N] [--exact-every N]
+//   (--tokens / --context keep only the cases of that T / context)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -72,7 +77,8 @@ __global__ void fill_pages(uint8_t* base, int64_t pages, size_t stride, bool fp8
   }
 }
 
-__global__ void fill_queries(uint8_t* codes, uint8_t* scales, float* weights, int64_t records, bool fp8, uint64_t seed) {
+__global__ void fill_queries(uint8_t* codes, uint8_t* scales, float* weights, int64_t records, bool fp8, int exact_every,
+                             uint64_t seed) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= records) return;
   const int code_bytes = fp8 ? 128 : 64;
@@ -89,6 +95,7 @@ __global__ void fill_queries(uint8_t* codes, uint8_t* scales, float* weights, in
   }
   const uint32_t r = dsv4::bench::mix32(seed ^ uint64_t(e) ^ 0x77);
   weights[e] = __uint_as_float((uint32_t((r & 1) << 31)) | (uint32_t(119 + (r >> 1) % 4) << 23) | ((r >> 8) & 0x7f) << 16);
+  if (exact_every > 0 && e % 64 == 0 && (e / 64) % exact_every == exact_every - 1) weights[e] = 0x1p-100f;  // head 0
 }
 
 template <typename T>
@@ -119,7 +126,7 @@ struct World {
   }
 };
 
-void build(World& w, const Case& c, dsv4::IndexKeyFormat f, int topk, bool by_runs, uint64_t seed) {
+void build(World& w, const Case& c, dsv4::IndexKeyFormat f, int topk, bool by_runs, int exact_every, uint64_t seed) {
   const bool fp8 = f == dsv4::IndexKeyFormat::kFp8;
   const int T = c.tokens;
   w.grouping = c.prefill || by_runs ? dsv4::IndexerGrouping::kRuns : dsv4::IndexerGrouping::kOneTokenPerRun;
@@ -149,7 +156,7 @@ void build(World& w, const Case& c, dsv4::IndexKeyFormat f, int topk, bool by_ru
   CHECK(cudaMalloc(&scales, size_t(records) * 4));
   CHECK(cudaMalloc(&weights, size_t(records) * 4));
   w.owned.insert(w.owned.end(), {codes, scales, weights});
-  fill_queries<<<unsigned((records + 255) / 256), 256>>>(codes, scales, weights, records, fp8, seed + 1);
+  fill_queries<<<unsigned((records + 255) / 256), 256>>>(codes, scales, weights, records, fp8, exact_every, seed + 1);
   CHECK(cudaGetLastError());
   int32_t *picks = nullptr, *slots = nullptr, *lengths = nullptr;
   CHECK(cudaMalloc(&picks, size_t(T) * topk * 4));
@@ -216,7 +223,7 @@ int main(int argc, char** argv) {
   std::vector<dsv4::IndexKeyFormat> formats = {dsv4::IndexKeyFormat::kMxfp4, dsv4::IndexKeyFormat::kFp8};
   std::vector<int> topks = {512, 1024};
   int only_tokens = 0;
-  int units = 0;
+  int units = 0, exact_every = 0;
   int64_t only_context = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -227,8 +234,11 @@ int main(int argc, char** argv) {
     else if (a == "--context" && i + 1 < argc) only_context = std::atoll(argv[++i]);
     else if (a == "--runs") by_runs = true;
     else if (a == "--units" && i + 1 < argc) units = std::atoi(argv[++i]);
+    else if (a == "--exact-every" && i + 1 < argc && (exact_every = std::atoi(argv[i + 1])) > 0) ++i;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--format mxfp4|fp8] [--topk N] [--tokens T] [--context C] [--runs] [--units N]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--format mxfp4|fp8] [--topk N] [--tokens T] [--context C] [--runs] [--units N] "
+                   "[--exact-every N]\n",
                    argv[0]);
       return 2;
     }
@@ -251,13 +261,14 @@ int main(int argc, char** argv) {
   CHECK(cudaStreamCreate(&s));
   for (dsv4::IndexKeyFormat f : formats) {
     for (int topk : topks) {
-      std::printf("\n%s keys, topk %d, decode planned %s\n", std::string(dsv4::index_key_format_name(f)).c_str(), topk,
-                  by_runs ? "by runs" : "one token per group");
+      std::printf("\n%s keys, topk %d, decode planned %s%s\n", std::string(dsv4::index_key_format_name(f)).c_str(), topk,
+                  by_runs ? "by runs" : "one token per group",
+                  exact_every > 0 ? (", every " + std::to_string(exact_every) + "-th token on the exact path").c_str() : "");
       std::printf("%-18s %5s %9s %8s %9s %9s %9s %8s %9s %9s %6s %7s\n", "case", "T", "call us", "plan us", "score us",
                   "s-only us", "final us", "TFLOP/s", "key MB", "roof us", "x roof", "top-k %");
       for (const Case& c : cases) {
         World w;
-        build(w, c, f, topk, by_runs, 1234 + uint64_t(c.tokens) * 7 + uint64_t(c.context));
+        build(w, c, f, topk, by_runs, exact_every, 1234 + uint64_t(c.tokens) * 7 + uint64_t(c.context));
         dsv4::IndexerSelectCuda op({c.tokens, topk, units});
         const int reps = reps_for(op, w, s);
         const double call = time_stage(op, w, Stage::kCall, reps, s);
