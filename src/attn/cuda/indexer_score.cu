@@ -49,6 +49,7 @@
 
 #include <type_traits>
 
+#include "attn/cuda/indexer_exact.cuh"
 #include "attn/cuda/indexer_mma.cuh"
 #include "attn/cuda/indexer_select_internal.cuh"
 #include "attn/cuda/indexer_topk.cuh"
@@ -431,7 +432,7 @@ __device__ void tile_exact(const IndexerSelectParams& p, const Smem<C>& s, const
           const uint8_t* qs = p.queries.scales + (e0 + h) * kIndexerScaleBytes;
           float v;
           if constexpr (kFp8)
-            v = indexer_fp8_dot(qc, *reinterpret_cast<const float*>(qs), kc, *reinterpret_cast<const float*>(ks));
+            v = fp8_dot_exact(qc, *reinterpret_cast<const float*>(qs), kc, *reinterpret_cast<const float*>(ks));
           else
             v = indexer_mxfp4_dot(qc, qs, kc, ks);
           hs.add(i, indexer_term(v, p.queries.weights[e0 + h]));

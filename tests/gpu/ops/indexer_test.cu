@@ -23,6 +23,7 @@
 
 #include "support/cuda_device.h"
 #include "attn/cpu/indexer_twin.h"
+#include "attn/cuda/indexer_exact.cuh"
 #include "attn/cuda/indexer_queries_cuda.h"
 #include "attn/cuda/indexer_select_cuda.h"
 #include "common/error.h"
@@ -650,6 +651,70 @@ TEST_F(IndexerCudaTest, OneTokenOffTheFastPath) {
 // zero codes only, and NaN scales (the exact path): still bit for bit.
 TEST_F(IndexerCudaTest, ZeroBlocksAndNanScales) {
   run_case(IndexKeyFormat::kMxfp4, 512, {RunSpec{20000, 3, 0}, RunSpec{7000, 1, 0}}, {.odd_key_rate = 0.05, .seed = 24});
+}
+
+__global__ void fp8_dot_exact_kernel(const uint8_t* q, const float* qs, const uint8_t* k, const float* ks, float* out,
+                                     int n) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = cuda::ix::fp8_dot_exact(q + size_t(i) * kIndexDim, qs[i], k + size_t(i) * kIndexDim, ks[i]);
+}
+
+// The exact path's FP8 dot on the device (indexer_exact.cuh) against the CPU
+// twin's indexer_fp8_dot, bit for bit: every pair of codes alone in a record
+// (subnormals, NaN, both zeros), then random records (NaN codes in some),
+// records of the largest codes (a sum past 2^32), and scales of either kind.
+TEST_F(IndexerCudaTest, ExactFp8DotMatchesTheCpu) {
+  std::vector<uint8_t> q, k;
+  std::vector<float> qs, ks;
+  std::mt19937 rng(31);
+  auto add = [&](const uint8_t* qa, const uint8_t* ka, float sq, float sk) {
+    q.insert(q.end(), qa, qa + kIndexDim);
+    k.insert(k.end(), ka, ka + kIndexDim);
+    qs.push_back(sq);
+    ks.push_back(sk);
+  };
+  uint8_t a[kIndexDim], b[kIndexDim];
+  for (int x = 0; x < 256; ++x)
+    for (int y = 0; y < 256; ++y) {
+      std::fill(a, a + kIndexDim, uint8_t(0));
+      std::fill(b, b + kIndexDim, uint8_t((x + y) & 1 ? 0x80 : 0));  // -0 in half of them
+      a[(x + y) % kIndexDim] = uint8_t(x);
+      b[(x + y) % kIndexDim] = uint8_t(y);
+      add(a, b, 0x1p-6f, 0x1p-6f);
+    }
+  const float scales[] = {0x1p-6f, 0x1p-40f, 0x1p+40f, 1.37f, 1e-40f, 3.0e+20f};
+  for (int r = 0; r < 8192; ++r) {
+    for (int i = 0; i < kIndexDim; ++i) {
+      a[i] = uint8_t(rng());
+      b[i] = uint8_t(rng());
+      if (r % 16 != 0) {  // NaN codes (0x7f, 0xff) only in every 16th record
+        if ((a[i] & 0x7f) == 0x7f) a[i] ^= 1;
+        if ((b[i] & 0x7f) == 0x7f) b[i] ^= 1;
+      }
+    }
+    if (r % 64 == 1) {  // the largest magnitude everywhere, one sign: |S| = 128 * 229376^2
+      std::fill(a, a + kIndexDim, uint8_t(0x7e));
+      std::fill(b, b + kIndexDim, uint8_t(r % 128 == 1 ? 0xfe : 0x7e));
+    }
+    add(a, b, scales[r % 6], scales[(r / 6) % 6]);
+  }
+  const int n = int(qs.size());
+  DevBuf<uint8_t> dq(q), dk(k);
+  DevBuf<float> dqs(qs), dks(ks), dout(static_cast<size_t>(n));
+  dout.poison();
+  fp8_dot_exact_kernel<<<unsigned((n + 127) / 128), 128>>>(dq.ptr, dqs.ptr, dk.ptr, dks.ptr, dout.ptr, n);
+  IX_CUDA_OK(cudaGetLastError());
+  IX_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> got = dout.download();
+  int nans = 0;
+  for (int i = 0; i < n; ++i) {
+    const float want = indexer_fp8_dot(&q[size_t(i) * kIndexDim], qs[size_t(i)], &k[size_t(i) * kIndexDim], ks[size_t(i)]);
+    nans += std::isnan(want);
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[size_t(i)]), std::bit_cast<uint32_t>(want))
+        << "record " << i << ": device " << got[size_t(i)] << " cpu " << want;
+  }
+  EXPECT_TRUE(dout.guard_intact());
+  std::printf("    %d records, %d of them NaN on both sides\n", n, nans);
 }
 
 // Table rows that start at a later block: the earlier keys have no page and are never picked.
