@@ -98,7 +98,7 @@ struct Shape {
   static constexpr int kSortPerThread = 4;  // (warps past a short list's end skip the sort's stages)
   static constexpr int kOffQ = 0;
   static constexpr int kOffStage = kOffQ + kMaxG * kQTileBytes;
-  static constexpr int kOffBuf = kOffStage + kW * kStages_ * kStageBytes;
+  static constexpr int kOffBuf = kOffStage + kW * kStages * kStageBytes;
   static constexpr int kOffScores = kOffBuf + kW * kMaxG * kBufCap * 8;
   static constexpr int kOffW = kOffScores + kW * kMaxG * kTileKeys * 4;
   static constexpr int kOffHist = kOffW + kMaxG * 4 * 8 * 4;  // [token][q][i] bf16x2 head weights
