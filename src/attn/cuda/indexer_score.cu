@@ -5,6 +5,8 @@
 //  * general: groups of up to 4 tokens (any step); 3 warpgroups (at 2,
 //             8 warps an SM, it was bound by latency); FP8 keys, whose
 //             stages take twice the shared memory, keep fewer in flight;
+//             above top-512 the candidate buffers are larger, the stages
+//             fewer (GeneralWide);
 //  * decode:  4 warpgroups, groups of one token (a plan that groups tokens
 //             one by one, which the host asks for on decode steps). One
 //             wgmma chain per step needs 128 registers or fewer, so the CTA
@@ -40,8 +42,8 @@
 //     outside that, the exact scalar path (the CPU's functions) overwrites
 //     its scores afterwards; for a key outside it, every token's of the tile;
 //  4. appends keys better than the token's threshold to the warpgroup's
-//     candidate buffer; a full buffer is cut to the best k (radix select),
-//     which raises the threshold.
+//     candidate buffer; a full buffer is cut to its best k, or a few more
+//     (radix select), which raises the threshold.
 // At the unit's end the warpgroups' candidates are cut to the best k per
 // token and written as the unit's list (sorted best first when the group's
 // lists carry bounds, see indexer_select_internal.cuh).
@@ -108,6 +110,7 @@ struct Shape {
   static_assert(kSortPerThread * kThreads >= kIndexerMaxTopk && kBufCap >= kIndexerMaxTopk, "write_lists' sort");
   static_assert(kMergePerThread * kThreads == kW * kBufCap, "write_lists' merge");
   static_assert(kThreads <= kBufCap, "run_rank_sort_desc pads a buffer to a key a thread");
+  static_assert(kMaxG <= 4, "append_tile: a warp of the warpgroup per token");
 };
 // The general shape runs three warpgroups: at two (8 warps an SM) it issued
 // in fewer than half its cycles (run AK7); with MXFP4 keys three score 13%
@@ -118,6 +121,12 @@ struct Shape {
 // kGeneralMinUnitTiles tiles: a third warpgroup may find none in a unit of two.
 template <bool kFp8>
 using General = Shape<kFp8, 3, kGroupTokens, kFp8 ? 1152 : 1280, kFp8 ? 3 : 4>;
+// Above top-512 (V4-Pro's 1,024) a cut frees less room (FP8 keys' 1,152
+// candidates only 64 slots; the cuts took as long as the scoring), so the
+// buffers take room from the stages: FP8 keys keep two tiles in flight and
+// 1,408 candidates, MXFP4 keys three and 1,536 (runs AO1-AO3 in perf-notes).
+template <bool kFp8>
+using GeneralWide = Shape<kFp8, 3, kGroupTokens, kFp8 ? 1408 : 1536, kFp8 ? 2 : 3>;
 template <bool kFp8>
 using Decode = Shape<kFp8, kDecodeWarpgroups, 1>;
 
@@ -555,7 +564,8 @@ __device__ bool score_tile(const Smem<C>& s, const uint8_t* stage, int wg, int r
   return ok;
 }
 
-// Cuts a warpgroup's buffer of one token to its best k; raises the threshold.
+// Cuts a warpgroup's buffer of one token to its best k (and up to slack
+// more); raises the threshold.
 template <class C>
 __device__ void compact(const Smem<C>& s, int wg, int tl, int k) {
   const int wt = threadIdx.x & 127, lane = wt & 31;
@@ -566,26 +576,67 @@ __device__ void compact(const Smem<C>& s, int wg, int tl, int k) {
   uint64_t keys[kBufPerThread];
 #pragma unroll
   for (int i = 0; i < kBufPerThread; ++i) keys[i] = wt + 128 * i < n ? buf[wt + 128 * i] : 0;
-  const uint64_t kth = radix_kth<8, false>(
+  // Keeps k to k + slack keys: slack is a quarter of the room a cut could
+  // free, which saves radix passes (the bin at the k-th key rarely holds
+  // more after one or two digits) and costs a little more room.
+  const uint32_t slack = uint32_t(C::kBufCap - kTileKeys - k) / 4;
+  const uint64_t cut = radix_kth<8, false>(
       [&](auto&& f) {
 #pragma unroll
         for (int i = 0; i < kBufPerThread; ++i) f(keys[i]);
       },
-      uint32_t(k), s.hist(wg), m->sel[wg], wt, 128, [&] { wg_sync(wg); });
+      uint32_t(k), s.hist(wg), m->sel[wg], wt, 128, [&] { wg_sync(wg); }, slack);
   if (wt == 0) {
     m->count[wg][tl] = 0;
-    m->tau[wg][tl] = kth;
+    m->tau[wg][tl] = cut;
   }
   wg_sync(wg);
 #pragma unroll
-  for (int i = 0; i < kBufPerThread; ++i) warp_append(keys[i] >= kth, keys[i], buf, &m->count[wg][tl], lane);
+  for (int i = 0; i < kBufPerThread; ++i) warp_append(keys[i] >= cut, keys[i], buf, &m->count[wg][tl], lane);
   wg_sync(wg);
+}
+
+// Appends the keys of the tile at j0 that beat their token's threshold to
+// the warpgroup's buffers. With groups of several tokens (the general
+// shape) warp w takes token w's keys: a buffer then has one writer between
+// the tile's barriers, so its count is a register, not a shared atomic a
+// warp waits for (the last 8K chunk of a 64K prefill scores 3-5% faster,
+// run AO4). With one token (decode) two warps share its 64 keys through
+// the atomic: one warp for all of them was 3-6% slower there.
+template <class C, int kG>
+__device__ void append_tile(const Smem<C>& s, int wg, int64_t j0) {
+  const int wt = threadIdx.x & 127, lane = wt & 31;
+  auto* m = s.misc();
+  if constexpr (C::kMaxG == 1) {
+    const int64_t j = j0 + wt;
+    const uint64_t key = wt < kTileKeys && j < m->tok_n[0] ? indexer_order_key(s.scores(wg, 0)[wt], j) : 0;
+    warp_append(key > m->tau[wg][0], key, s.buf(wg, 0), &m->count[wg][0], lane);  // (a key is never 0)
+  } else {
+    const int tl = wt >> 5;
+    if (tl >= kG) return;
+    const int64_t n = m->tok_n[tl];
+    const uint64_t tau = m->tau[wg][tl];
+    const float* scores = s.scores(wg, tl);
+    uint64_t* buf = s.buf(wg, tl);
+    int count = m->count[wg][tl];
+#pragma unroll
+    for (int h = 0; h < kTileKeys / 32; ++h) {
+      const int r = 32 * h + lane;
+      const int64_t j = j0 + r;
+      const uint64_t key = j < n ? indexer_order_key(scores[r], j) : 0;
+      const bool take = key > tau;
+      const uint32_t ballot = __ballot_sync(0xffffffffu, take);
+      if (take) buf[count + __popc(ballot & ((1u << lane) - 1u))] = key;
+      count += __popc(ballot);
+    }
+    if (lane == 0) m->count[wg][tl] = count;
+  }
 }
 
 // A warpgroup's tiles of the unit: tile_begin + wg, + kW, ...
 template <class C, bool kSelect, int kG>
 __device__ void consume(const IndexerSelectParams& p, const Smem<C>& s, const Group& gr, const Unit& un) {
-  const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127, lane = wt & 31;
+  const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127;
   auto* m = s.misc();
   constexpr int kStages = C::kStages;
   int n_max = 0;  // the group's most visible keys
@@ -629,18 +680,9 @@ __device__ void consume(const IndexerSelectParams& p, const Smem<C>& s, const Gr
       tile_exact(p, s, s.stage(wg, i % kStages), wg, wt, exact, j0);
       wg_sync(wg);
     }
-    if constexpr (kSelect) {
-      for (int base = 0; base < kG * kTileKeys; base += 128) {
-        const int pair = base + wt, tl = min(pair / kTileKeys, kG - 1), r = pair % kTileKeys;
-        const int64_t j = j0 + r;
-        bool take = pair < kG * kTileKeys && j < m->tok_n[tl];
-        const uint64_t key = take ? indexer_order_key(s.scores(wg, tl)[r], j) : 0;
-        take = take && key > m->tau[wg][tl];
-        warp_append(take, key, s.buf(wg, tl), &m->count[wg][tl], lane);  // a warp's pairs share tl
-      }
-      // (A full buffer is cut after the next tile's barrier, which orders
-      // these appends: one barrier a tile fewer.)
-    }
+    // (A full buffer is cut after the next tile's barrier, which orders
+    // these appends: one barrier a tile fewer.)
+    if constexpr (kSelect) append_tile<C, kG>(s, wg, j0);
   }
   cp_async_wait_group<0>();
 }
@@ -805,6 +847,7 @@ void launch_shape(const SelectArgs& a, int grid, bool score_only, cudaStream_t s
 template <bool kFp8>
 void launch_format(const SelectArgs& a, int grid, bool score_only, cudaStream_t stream) {
   if (a.solo) launch_shape<Decode<kFp8>>(a, grid, score_only, stream);
+  else if (a.p.topk > 512) launch_shape<GeneralWide<kFp8>>(a, grid, score_only, stream);
   else launch_shape<General<kFp8>>(a, grid, score_only, stream);
 }
 
@@ -819,6 +862,8 @@ void raise_smem_limit() {
 void prepare_score_kernels() {
   raise_smem_limit<General<true>>();
   raise_smem_limit<General<false>>();
+  raise_smem_limit<GeneralWide<true>>();
+  raise_smem_limit<GeneralWide<false>>();
   raise_smem_limit<Decode<true>>();
   raise_smem_limit<Decode<false>>();
 }

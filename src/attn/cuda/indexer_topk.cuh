@@ -15,11 +15,12 @@ inline constexpr uint32_t kWholeBin = 0x80000000u;
 
 // One warp: in hist[0 .. 2^kBits) (counts of one digit among the keys that
 // match the prefix so far), the largest digit D with at least `need` keys at
-// or above it. Writes sel[0] = D (| kWholeBin when exactly `need` keys are
-// at or above D) and sel[1] = need minus the keys above D.
+// or above it. Writes sel[0] = D (| kWholeBin when at most need + slack keys
+// are at or above D) and sel[1] = need minus the keys above D.
 // Needs 1 <= need <= sum of hist.
 template <int kBits>
-__device__ __forceinline__ void radix_find(const uint32_t* hist, uint32_t* sel, uint32_t need, int lane) {
+__device__ __forceinline__ void radix_find(const uint32_t* hist, uint32_t* sel, uint32_t need, uint32_t slack,
+                                           int lane) {
   constexpr int kBins = 1 << kBits, kPerLane = kBins / 32;
   static_assert(kPerLane >= 1, "at least 32 bins");
   const int top = kBins - 1 - lane * kPerLane;  // this lane's bins top, top - 1, ... (high digits first)
@@ -37,7 +38,7 @@ __device__ __forceinline__ void radix_find(const uint32_t* hist, uint32_t* sel, 
     for (int i = 0; i < kPerLane; ++i) {
       const uint32_t c = hist[top - i];
       if (cum + c >= need) {
-        sel[0] = uint32_t(top - i) | (cum + c == need ? kWholeBin : 0u);
+        sel[0] = uint32_t(top - i) | (cum + c - need <= slack ? kWholeBin : 0u);
         sel[1] = need - cum;
         break;
       }
@@ -48,6 +49,10 @@ __device__ __forceinline__ void radix_find(const uint32_t* hist, uint32_t* sel, 
 
 // A threshold with exactly k of the keys that `visit` enumerates at or above
 // it: the k-th largest key, or a smaller value with no key between the two.
+// With slack > 0, a threshold with k to k + slack keys at or above it: the
+// passes stop at the first digit whose bin takes at most that many (a cut
+// of a candidate buffer only needs to keep every key of the best k, and each
+// digit's pass costs three barriers).
 // Over the threads tid = 0 .. nthreads - 1 that call it together (sync() is
 // their barrier; nthreads a multiple of 32). visit(f) calls f(key) for every
 // key this thread holds (0 = empty, skipped), from whole warps in step.
@@ -60,7 +65,7 @@ __device__ __forceinline__ void radix_find(const uint32_t* hist, uint32_t* sel, 
 // that ANDs and ORs the keys): a unit's candidates share their score's
 // leading bits, which as a first digit put them all in a few bins, each a
 // chain of same-address atomics. Digits of kBits follow; the passes stop at
-// a digit whose bin is wanted whole (exactly k keys at or above it). Three
+// a digit whose bin is taken whole (k to k + slack keys at or above it). Three
 // barriers per digit order every reuse: hist is zeroed before [1], counted
 // before [2], read by radix_find before [3] and zeroed again only after [3];
 // sel is written before [3], read after it, and written again only after the
@@ -68,7 +73,7 @@ __device__ __forceinline__ void radix_find(const uint32_t* hist, uint32_t* sel, 
 // and [c].
 template <int kBits, bool kWarpAggregate = true, typename Visit, typename Sync>
 __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_t* sel, int tid, int nthreads,
-                              Sync&& sync) {
+                              Sync&& sync, uint32_t slack = 0) {
   if (tid < 4) hist[tid] = tid < 2 ? ~0u : 0u;  // AND of the low, high halves; OR of the low, high halves
   uint32_t and_lo = ~0u, and_hi = ~0u, or_lo = 0, or_hi = 0;
   visit([&](uint64_t key) {
@@ -105,15 +110,15 @@ __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_
       }
     });
     sync();  // [2]
-    if (tid < 32) radix_find<kBits>(hist, sel, need, tid);
+    if (tid < 32) radix_find<kBits>(hist, sel, need, slack, tid);
     sync();  // [3]
     const uint32_t d = sel[0];
     need = sel[1];
     prefix |= uint64_t(d & ~kWholeBin) << shift;
     mask |= uint64_t(digit_mask) << shift;
-    if (d & kWholeBin) break;  // exactly k keys are >= prefix (its lower bits 0)
+    if (d & kWholeBin) break;  // k to k + slack keys are >= prefix (its lower bits 0)
   }
-  return prefix;  // with every bit fixed: the k-th key itself (keys are unique)
+  return prefix;  // (with every bit fixed: the k-th key itself; keys are unique)
 }
 
 // A compare-exchange of a bitonic network between this lane and lane ^ mask:

@@ -731,7 +731,8 @@ TEST_F(IndexerCudaTest, LongContext262kKeys) {
 
 // Units long enough that a warpgroup's candidate buffer (1,536 keys in the
 // decode kernel; 1,280 in the general one with MXFP4 keys, 1,152 with FP8
-// keys) fills and is cut to the best k, more than once: with two units of
+// keys, above top-512 1,536 and 1,408) fills and is cut to the best k (or a
+// few more), more than once: with two units of
 // work, the 64K-context token's 256 tiles make one unit, 64 tiles per
 // warpgroup of the decode kernel and 85-86 of the general one's three (its
 // groups of 2 tokens cut too).
@@ -740,6 +741,7 @@ TEST_F(IndexerCudaTest, LongUnitsCutTheirBuffers) {
   run_case(IndexKeyFormat::kMxfp4, 512, runs, {.seed = 19}, 2);
   run_case(IndexKeyFormat::kMxfp4, 1024, runs, {.seed = 20}, 2);
   run_case(IndexKeyFormat::kFp8, 512, runs, {.seed = 23}, 2);
+  run_case(IndexKeyFormat::kFp8, 1024, runs, {.seed = 24}, 2);
 }
 
 // Pages whose byte offset passes 2^31 (64-bit page arithmetic).
