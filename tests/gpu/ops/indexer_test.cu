@@ -26,6 +26,7 @@
 #include "attn/cuda/indexer_exact.cuh"
 #include "attn/cuda/indexer_queries_cuda.h"
 #include "attn/cuda/indexer_select_cuda.h"
+#include "attn/cuda/indexer_topk.cuh"
 #include "common/error.h"
 #include "numerics/bf16.h"
 #include "numerics/hadamard.h"
@@ -715,6 +716,76 @@ TEST_F(IndexerCudaTest, ExactFp8DotMatchesTheCpu) {
   }
   EXPECT_TRUE(dout.guard_intact());
   std::printf("    %d records, %d of them NaN on both sides\n", n, nans);
+}
+
+constexpr int kCutThreads = 128, kCutPerThread = 12;  // a warpgroup and its 1,536-key buffer, as compact()
+
+// Case c: its keys keys[c][0 .. kCutThreads * kCutPerThread) (0 = empty),
+// the threshold radix_kth gives for k[c] and slack[c], over one warpgroup.
+__global__ void radix_cut_kernel(const uint64_t* keys, const uint32_t* k, const uint32_t* slack, uint64_t* out) {
+  __shared__ uint32_t hist[256], sel[2];
+  const uint64_t* mine = keys + size_t(blockIdx.x) * kCutThreads * kCutPerThread;
+  uint64_t v[kCutPerThread];
+  for (int i = 0; i < kCutPerThread; ++i) v[i] = mine[threadIdx.x + kCutThreads * i];
+  const uint64_t t = cuda::ix::radix_kth<8, false>(
+      [&](auto&& f) {
+        for (int i = 0; i < kCutPerThread; ++i) f(v[i]);
+      },
+      k[blockIdx.x], hist, sel, int(threadIdx.x), kCutThreads, [] { __syncthreads(); }, slack[blockIdx.x]);
+  if (threadIdx.x == 0) out[blockIdx.x] = t;
+}
+
+// The score kernel's cut (compact) keeps the keys at or above radix_kth's
+// threshold: with slack s, k to k + s of them; with none, exactly k. Keys of
+// the order-key form (bit 34 set, unique): random bits, a few scores with
+// random indices (many keys share their leading digits, as a unit's
+// candidates do), and consecutive values; buffers full and part full.
+TEST_F(IndexerCudaTest, RadixCutKeepsKToKPlusSlack) {
+  constexpr int kPer = kCutThreads * kCutPerThread;
+  std::mt19937_64 rng(41);
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> ks, slacks;
+  for (int kind = 0; kind < 3; ++kind)
+    for (int n : {kPer, 1217, 600})
+      for (uint32_t k : {1u, 100u, 512u, 600u, 1024u})
+        for (uint32_t slack : {0u, 1u, 7u, 64u, 176u, 1000u}) {
+          if (int(k) > n) continue;
+          std::set<uint64_t> set;
+          const uint64_t base = uint64_t(rng() % (1u << 20)) << 14;
+          while (int(set.size()) < n) {
+            const uint64_t r = rng();
+            const uint64_t low = kind == 0   ? r & ((uint64_t(1) << 34) - 1)                             // random bits
+                                 : kind == 1 ? ((0x8000u + r % 12) << 18) | ((r >> 32) & 0x3ffffu)  // 12 scores
+                                             : base + set.size();                                    // consecutive
+            set.insert((uint64_t(1) << 34) | low);
+          }
+          std::vector<uint64_t> c(set.begin(), set.end());
+          std::shuffle(c.begin(), c.end(), rng);
+          c.resize(kPer, 0);
+          std::shuffle(c.begin(), c.end(), rng);  // the empty slots anywhere
+          keys.insert(keys.end(), c.begin(), c.end());
+          ks.push_back(k);
+          slacks.push_back(slack);
+        }
+  const int cases = int(ks.size());
+  DevBuf<uint64_t> dkeys(keys), dout(static_cast<size_t>(cases));
+  DevBuf<uint32_t> dk(ks), dslack(slacks);
+  dout.poison();
+  radix_cut_kernel<<<unsigned(cases), kCutThreads>>>(dkeys.ptr, dk.ptr, dslack.ptr, dout.ptr);
+  IX_CUDA_OK(cudaGetLastError());
+  IX_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint64_t> got = dout.download();
+  int loose = 0;
+  for (int c = 0; c < cases; ++c) {
+    const uint64_t* kc = &keys[size_t(c) * kPer];
+    const uint32_t kept = uint32_t(std::count_if(kc, kc + kPer, [&](uint64_t x) { return x != 0 && x >= got[size_t(c)]; }));
+    ASSERT_GE(kept, ks[size_t(c)]) << "case " << c << ": slack " << slacks[size_t(c)];
+    ASSERT_LE(kept, ks[size_t(c)] + slacks[size_t(c)]) << "case " << c << ": k " << ks[size_t(c)];
+    ASSERT_GT(got[size_t(c)], 0u) << "case " << c;
+    loose += kept > ks[size_t(c)];
+  }
+  EXPECT_TRUE(dout.guard_intact());
+  std::printf("    %d cases, %d of them kept more than k\n", cases, loose);
 }
 
 // Table rows that start at a later block: the earlier keys have no page and are never picked.
