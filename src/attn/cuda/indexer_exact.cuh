@@ -19,7 +19,10 @@ namespace dsv4::cuda::ix {
 
 // Byte b of w as indexer_e4m3_times512: a normal code (e > 0) is
 // (8 + m) << (e - 1), a subnormal one m. (NaN codes decode as some integer:
-// the caller checks them apart.)
+// the caller checks them apart.) Not the CPU function itself: called on each
+// byte here, one token off the fast path cost 49 ms a call instead of 45
+// (run AO1 in docs/perf-notes.md); ExactFp8DotMatchesTheCpu checks the two
+// agree on every code.
 __device__ __forceinline__ int32_t e4m3_times512_byte(uint32_t w, int b) {
   const uint32_t c = (w >> (8 * b)) & 0xffu, e = (c >> 3) & 15u, normal = e != 0u ? 1u : 0u;
   const int32_t mag = int32_t(((c & 7u) | (normal << 3)) << (e - normal));
