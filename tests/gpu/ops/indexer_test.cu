@@ -279,6 +279,10 @@ struct WorldOptions {
   int small_weights_every = 0;
   int duplicate_every = 0;   // > 0: every key j with j % this != 0 copies key j - j % this (exact ties)
   bool one_key = false;      // every key of a run is its first key (one score)
+  // > 0: keys of tiles j / 64 % n == 0 copy the key its run's first token
+  // scores highest, the others have zero codes (score 0): that token's best
+  // keys are those tiles' in index order (ties to the lower key)
+  int hot_tile_every = 0;
   uint32_t seed = 1;
 };
 
@@ -312,6 +316,41 @@ void odd_key(std::mt19937& rng, uint8_t* page, int t) {
   }
   if (kind != 2) std::memset(codes + 16 * b, 0, 16);
   scales[b] = kind == 0 ? kFar[rng() % 5] : 0xff;
+}
+
+// WorldOptions::hot_tile_every: per run, the key its first token scores
+// highest is copied to every key of the hot tiles; the other keys' codes
+// are zeroed.
+void make_hot_tiles(World& w, int every) {
+  const int cb = indexer_code_bytes(w.format), sb = kIndexerScaleBytes;
+  auto page_of = [&](int run, int64_t j) {  // key j's page: 64 keys' codes, then their scales
+    const int64_t page = w.pages[size_t(run) * size_t(w.width) + size_t(j / 64 - w.first[size_t(run)])];
+    return w.pool.data() + size_t(page) * w.stride;
+  };
+  auto codes_of = [&](int run, int64_t j) { return page_of(run, j) + size_t(cb) * size_t(j % 64); };
+  auto scale_of = [&](int run, int64_t j) { return page_of(run, j) + size_t(cb) * 64 + size_t(sb) * size_t(j % 64); };
+  for (int t = 0; t < w.T;) {
+    const int run = w.token_run[size_t(t)], t0 = t;
+    while (t < w.T && w.token_run[size_t(t)] == run) ++t;  // (a run's tokens are consecutive)
+    const int64_t first = int64_t(w.first[size_t(run)]) * 64, n0 = indexer_visible(w.positions[size_t(t0)]);
+    const int64_t end = (indexer_visible(w.positions[size_t(t - 1)]) + 63) / 64 * 64;  // the run's pages
+    std::vector<float> scores(static_cast<size_t>(n0));
+    indexer_scores_cpu(w.host_queries(), t0, w.host_table(), run, w.host_keys(), n0, scores.data());
+    int64_t best = first;
+    for (int64_t j = first; j < n0; ++j)
+      if (scores[size_t(j)] > scores[size_t(best)]) best = j;
+    ASSERT_GT(scores[size_t(best)], 0.0f) << "run " << run;
+    const std::vector<uint8_t> codes(codes_of(run, best), codes_of(run, best) + cb);
+    const std::vector<uint8_t> scale(scale_of(run, best), scale_of(run, best) + sb);
+    for (int64_t j = first; j < end; ++j) {
+      if (j / 64 % every != 0) {
+        std::memset(codes_of(run, j), 0, size_t(cb));
+        continue;
+      }
+      std::memcpy(codes_of(run, j), codes.data(), size_t(cb));
+      std::memcpy(scale_of(run, j), scale.data(), size_t(sb));
+    }
+  }
 }
 
 World make_world(IndexKeyFormat f, int topk, const std::vector<RunSpec>& runs, const WorldOptions& opt) {
@@ -389,6 +428,7 @@ World make_world(IndexKeyFormat f, int topk, const std::vector<RunSpec>& runs, c
     for (int h = 0; h < 64; ++h)
       weights[size_t(t) * 64 + size_t(h)] = (h % 2 ? -1.0f : 1.0f) * (1.0f + float(h % 8) / 8) * 0x1p-48f;
   });
+  if (opt.hot_tile_every > 0) make_hot_tiles(w, opt.hot_tile_every);
   return w;
 }
 
@@ -813,6 +853,18 @@ TEST_F(IndexerCudaTest, LongUnitsCutTheirBuffers) {
   run_case(IndexKeyFormat::kMxfp4, 1024, runs, {.seed = 20}, 2);
   run_case(IndexKeyFormat::kFp8, 512, runs, {.seed = 23}, 2);
   run_case(IndexKeyFormat::kFp8, 1024, runs, {.seed = 24}, 2);
+}
+
+// Every 12th tile holds the best keys of its run's first token, all equal
+// (so in index order), the rest score 0. With a unit that starts at tile 0
+// those tiles are the first warpgroup's in both scorers (3 and 4
+// warpgroups): its buffer holds all of the token's final picks when it is
+// cut, so a cut that kept fewer than k would lose some. (A cut to k - slack
+// passed every other test: run AO6's mutation M1.)
+TEST_F(IndexerCudaTest, CutsKeepAllKWhereOneWarpgroupHoldsThePicks) {
+  const std::vector<RunSpec> runs = {RunSpec{65535, 1, 0}, RunSpec{50001, 2, 0}};
+  run_case(IndexKeyFormat::kMxfp4, 512, runs, {.hot_tile_every = 12, .seed = 26}, 2);
+  run_case(IndexKeyFormat::kFp8, 512, runs, {.hot_tile_every = 12, .seed = 27}, 2);
 }
 
 // Pages whose byte offset passes 2^31 (64-bit page arithmetic).
