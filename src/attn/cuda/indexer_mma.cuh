@@ -101,19 +101,26 @@ __device__ __forceinline__ uint32_t relu_bf16x2(float lo, float hi) {
   return d;
 }
 
-// An s32 accumulator (|v| < 2^22) as float, exactly, in one of two forms:
-// kConvert, one conversion instruction (I2F, on the narrower conversion
-// pipe); else the magic-number form, two ALU instructions (1.5 * 2^23 + v has
-// exponent 23 and v in its mantissa, then a subtraction). With MXFP4 keys the
-// general score kernel (8 warps an SM) scored 11% faster on the conversion,
-// the decode one (16 warps) 4% slower, and 1-2% faster converting every other
-// accumulator (docs/perf-notes.md, runs AK3 and AK5).
-template <bool kConvert>
-__device__ __forceinline__ float s32_to_float_exact(uint32_t v) {
-  if constexpr (kConvert)
+// An s32 accumulator (|v| < 2^22) as float, exactly, in one of three forms
+// (SASS on sm_90a, checked with cuobjdump in run AP3):
+//  kAluCvt: cvt.rn.f32.s32, one I2FP on the ALU pipe;
+//  kXuCvt:  cvt.rm.f32.s32, one I2F on the conversion (XU) pipe, which
+//           the rest of the scorer leaves idle (a quarter of the ALU's
+//           rate; below 2^24 every rounding mode gives the same float);
+//  kMagic:  1.5 * 2^23 + v has exponent 23 and v in its mantissa, then a
+//           subtraction: an integer add and a float add.
+enum class AccCvt { kMagic = 0, kAluCvt = 1, kXuCvt = 2 };
+// (form is a constant once the caller's loop is unrolled.)
+__device__ __forceinline__ float s32_to_float_exact(uint32_t v, AccCvt form) {
+  if (form == AccCvt::kAluCvt) {
     return __int2float_rn(int(v));
-  else
+  } else if (form == AccCvt::kXuCvt) {
+    float f;
+    asm("cvt.rm.f32.s32 %0, %1;" : "=f"(f) : "r"(v));
+    return f;
+  } else {
     return __fsub_rn(__int_as_float(int(v) + 0x4b400000), 12582912.0f);
+  }
 }
 
 }  // namespace dsv4::cuda::ix

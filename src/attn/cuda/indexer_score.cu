@@ -87,12 +87,15 @@ struct Shape {
   static constexpr int kBufCap = kBufCap_, kBufPerThread = kBufCap_ / 128;
   static_assert(kBufCap % 128 == 0, "buffer split");
   static_assert(kBufCap - kTileKeys >= kIndexerMaxTopk, "a cut must leave room for a step");
-  // Which of MXFP4's integer accumulators go to float by the conversion
-  // instruction (s32_to_float_exact; its pipe is narrower than the ALU's):
-  // 1, all of them, where the CTA has up to 12 warps; 2, every other one,
-  // where it has 16 and the pipe's queue would cost more than the issue
-  // slots saved (runs AK3, AK5 and AL2 in docs/perf-notes.md).
-  static constexpr int kConvertAcc = kW_ <= 3 ? 1 : 2;
+  // How MXFP4's integer accumulators become floats (s32_to_float_exact):
+  // nibble c is the AccCvt of accumulator 4 i + c. The general shape's
+  // busiest pipe is the ALU (65% in run AP2's profile, the XU idle), so one
+  // accumulator in four goes to XU: 2% faster scoring, 1.3% off the call on
+  // the last 8K chunk of a 64K prefill; one in two scored 2.5% faster but
+  // gained only 0.7% on the call. The decode shape (16 warps) keeps I2FP and
+  // the magic form alternating: a quarter or half on XU was 1-1.5% slower
+  // there (run AP4; earlier, runs AK3, AK5 and AL2).
+  static constexpr AccCvt acc_form(int c) { return AccCvt(((kW_ <= 3 ? 0x2111 : 0x1010) >> (4 * c)) & 15); }
   static constexpr int kStageBytes =
       kTileKeys * (indexer_code_bytes(kFp8 ? IndexKeyFormat::kFp8 : IndexKeyFormat::kMxfp4) + kIndexerScaleBytes);
   // write_lists: every buffer's keys over the CTA; a list of up to kIndexerMaxTopk keys sorted.
@@ -376,8 +379,8 @@ __device__ __forceinline__ void issue_tile(const TileRef& ref, uint8_t* stage, i
 
 // ---- epilogue ----------------------------------------------------------------------
 // Scores of rows g and g + 8 of this warp for one token (all four lanes of a
-// quad return them): see step 3 of the file comment. kConvert: Shape::kConvertAcc.
-template <int kConvert, typename Acc>
+// quad return them): see step 3 of the file comment.
+template <class C, typename Acc>
 __device__ __forceinline__ void tile_epilogue(const Acc (&acc)[32], const uint32_t* wpairs_tq, float& s0, float& s1) {
   const uint4 wa = *reinterpret_cast<const uint4*>(wpairs_tq), wb = *reinterpret_cast<const uint4*>(wpairs_tq + 4);
   const uint32_t wp[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
@@ -388,8 +391,7 @@ __device__ __forceinline__ void tile_epilogue(const Acc (&acc)[32], const uint32
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       if constexpr (std::is_integral_v<Acc>)  // s32 accumulators (MXFP4)
-        x[c] = kConvert == 1 || (kConvert == 2 && (c & 1)) ? s32_to_float_exact<true>(uint32_t(acc[4 * i + c]))
-                                                           : s32_to_float_exact<false>(uint32_t(acc[4 * i + c]));
+        x[c] = s32_to_float_exact(uint32_t(acc[4 * i + c]), C::acc_form(c));
       else
         x[c] = float(acc[4 * i + c]);
     }
@@ -554,7 +556,7 @@ __device__ bool score_tile(const Smem<C>& s, const uint8_t* stage, int wg, int r
     }
     fence_acc(cur);
     float s0, s1;
-    tile_epilogue<C::kConvertAcc>(cur, s.wpairs() + (tl * 4 + q) * 8, s0, s1);
+    tile_epilogue<C>(cur, s.wpairs() + (tl * 4 + q) * 8, s0, s1);
     // Every lane of the quad holds both scores: all store (no divergent
     // branch while the next chain is in flight).
     float* out = s.scores(wg, tl);
