@@ -681,13 +681,22 @@ __device__ void consume(const IndexerSelectParams& p, const Smem<C>& s, const Gr
   auto tile_of = [&](int i) { return first + C::kW * i; };
   auto rows_of = [&](int i) { return min(max(n_max - tile_of(i) * kTileKeys, 0), kTileKeys); };
   const RunPages pages(p, gr.run);
+  // Lane l of each warp holds the page of tile 32 b + l, looked up (block
+  // table load, bounds checks, address) for 32 tiles at once when tile 32 b
+  // is issued; a tile's issue then shuffles its page from its lane. Looked
+  // up per tile, the dependent load and its 64-bit checks were most of the
+  // decode scorer's 82 loop-top instructions a tile (run AQ4); batched, the
+  // decode scorer scores 9% faster, the prefill scorer 3% (AQ5).
+  const int lane = wt & 31;
+  uintptr_t lane_page = 0;
   // Bit kStages - 1 - d says whether the tile issued d tiles after tile i
   // has a page, so that each tile's page is looked up once, when it is issued.
   uint32_t has_page = 0;
-  auto issue = [&](int i) {  // one commit group per tile, empty past the last
+  auto issue = [&](int i) {  // one commit group per tile, empty past the last (i: 0, 1, ... in turn)
     bool page = false;
     if (i < mine) {
-      const TileRef ref = pages(tile_of(i));
+      if ((i & 31) == 0) lane_page = i + lane < mine ? uintptr_t(pages(tile_of(i + lane)).page) : 0;
+      const TileRef ref{reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, lane_page, i & 31))};
       page = ref.page != nullptr;
       issue_tile<C>(ref, s.stage(wg, i % kStages), rows_of(i), wt, p.queries.codes);
     }
