@@ -93,20 +93,20 @@ __device__ __forceinline__ void e2m1x8_to_s8(uint32_t w, const E2m1Table& t, uin
 // bit set replicates the selected byte's top bit, 0 for every table entry
 // (<= 96), so the raw nibbles select the positive codes' magnitudes and 0 for
 // the negative ones, and the nibbles with flipped signs the other way round:
-// 7 instructions a word instead of 11, for twice the wgmma steps.
-// (tab_lo, tab_hi: E2m1Table::pos_lo, pos_hi.)
-__device__ __forceinline__ void e2m1x8_split(uint32_t w, uint32_t tab_lo, uint32_t tab_hi, uint32_t& plo,
-                                             uint32_t& phi, uint32_t& nlo, uint32_t& nhi) {
+// 7 instructions a word instead of 11, for twice the wgmma steps (only the
+// table's magnitudes are read).
+__device__ __forceinline__ void e2m1x8_split(uint32_t w, const E2m1Table& t, uint32_t& plo, uint32_t& phi,
+                                             uint32_t& nlo, uint32_t& nhi) {
   auto prmt = [](uint32_t a, uint32_t b, uint32_t sel) {  // (prmt's default mode, sign replication included)
     uint32_t d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
     return d;
   };
   const uint32_t f = w ^ 0x88888888u;
-  plo = prmt(tab_lo, tab_hi, w);
-  phi = prmt(tab_lo, tab_hi, w >> 16);
-  nlo = prmt(tab_lo, tab_hi, f);
-  nhi = prmt(tab_lo, tab_hi, f >> 16);
+  plo = prmt(t.pos_lo, t.pos_hi, w);
+  phi = prmt(t.pos_lo, t.pos_hi, w >> 16);
+  nlo = prmt(t.pos_lo, t.pos_hi, f);
+  nhi = prmt(t.pos_lo, t.pos_hi, f >> 16);
 }
 
 // Four codes (the low 16 bits of h16) -> four int8 values, element 0 in the low byte.

@@ -524,10 +524,9 @@ __device__ bool score_tile(const Smem<C>& s, const uint8_t* stage, int wg, int r
 #pragma unroll
   for (int st = 0; st < 4; ++st) {
     if constexpr (C::kSplitSigns) {
-      const uint32_t lo0 = 0x03020100u << shift0, hi0 = 0x0c080604u << shift0;  // (hoisted: the loop unrolls)
-      const uint32_t lo1 = 0x03020100u << shift1, hi1 = 0x0c080604u << shift1;
-      e2m1x8_split(w0[st], lo0, hi0, a[st][0], a[st][2], an[st][0], an[st][2]);
-      e2m1x8_split(w1[st], lo1, hi1, a[st][1], a[st][3], an[st][1], an[st][3]);
+      const E2m1Table tab0 = e2m1_table(shift0), tab1 = e2m1_table(shift1);  // (hoisted: the loop unrolls)
+      e2m1x8_split(w0[st], tab0, a[st][0], a[st][2], an[st][0], an[st][2]);
+      e2m1x8_split(w1[st], tab1, a[st][1], a[st][3], an[st][1], an[st][3]);
     } else if constexpr (kFp8) {
       a[st][0] = w0[2 * st];
       a[st][1] = w1[2 * st];
