@@ -316,10 +316,10 @@ __device__ void load_queries(const IndexerSelectParams& p, const Smem<C>& s, con
 #pragma unroll
         for (int qq = 0; qq < 4; ++qq) {
           // dims 32 qq + 4 c .. + 3: bytes 16 qq + 2 c, + 1 of the record
-          const uint32_t word = word_of(v[qq], c >> 1);
-          o[qq] = e2m1x4_to_s8((c & 1) ? (word >> 16) : (word & 0xffffu), fold_shift(f, sw, nonzero, qq));
+          const uint32_t word = word_of(v[qq], c >> 1), half = (c & 1) ? (word >> 16) : (word & 0xffffu);
+          o[qq] = e2m1x4_to_s8(half, fold_shift(f, sw, nonzero, qq));
           if constexpr (C::kSplitSigns)  // the negated query: every code's sign flipped
-            n[qq] = e2m1x4_to_s8(((c & 1) ? (word >> 16) : (word & 0xffffu)) ^ 0x8888u, fold_shift(f, sw, nonzero, qq));
+            n[qq] = e2m1x4_to_s8(half ^ 0x8888u, fold_shift(f, sw, nonzero, qq));
         }
         *reinterpret_cast<uint4*>(row + swz(h, c)) = make_uint4(o[0], o[1], o[2], o[3]);
         if constexpr (C::kSplitSigns)
@@ -689,7 +689,7 @@ __device__ void consume(const IndexerSelectParams& p, const Smem<C>& s, const Gr
   const int lane = wt & 31;
   uintptr_t lane_page = 0;
   // Bit kStages - 1 - d says whether the tile issued d tiles after tile i
-  // has a page, so that each tile's page is looked up once, when it is issued.
+  // has a page, so that each tile's page is looked up once.
   uint32_t has_page = 0;
   auto issue = [&](int i) {  // one commit group per tile, empty past the last (i: 0, 1, ... in turn)
     bool page = false;
