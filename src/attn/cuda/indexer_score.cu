@@ -317,9 +317,9 @@ __device__ void load_queries(const IndexerSelectParams& p, const Smem<C>& s, con
         for (int qq = 0; qq < 4; ++qq) {
           // dims 32 qq + 4 c .. + 3: bytes 16 qq + 2 c, + 1 of the record
           const uint32_t word = word_of(v[qq], c >> 1), half = (c & 1) ? (word >> 16) : (word & 0xffffu);
-          o[qq] = e2m1x4_to_s8(half, fold_shift(f, sw, nonzero, qq));
-          if constexpr (C::kSplitSigns)  // the negated query: every code's sign flipped
-            n[qq] = e2m1x4_to_s8(half ^ 0x8888u, fold_shift(f, sw, nonzero, qq));
+          const int shift = fold_shift(f, sw, nonzero, qq);
+          o[qq] = e2m1x4_to_s8(half, shift);
+          if constexpr (C::kSplitSigns) n[qq] = e2m1x4_to_s8(half ^ 0x8888u, shift);  // -q: every sign flipped
         }
         *reinterpret_cast<uint4*>(row + swz(h, c)) = make_uint4(o[0], o[1], o[2], o[3]);
         if constexpr (C::kSplitSigns)
