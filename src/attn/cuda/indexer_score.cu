@@ -142,6 +142,7 @@ using General = Shape<kFp8, 3, kGroupTokens, kFp8 ? 1152 : 1280, kFp8 ? 3 : 4>;
 // 1,408 candidates, MXFP4 keys three and 1,536 (runs AO1-AO3 in perf-notes).
 template <bool kFp8>
 using GeneralWide = Shape<kFp8, 3, kGroupTokens, kFp8 ? 1408 : 1536, kFp8 ? 2 : 3>;
+constexpr int kGeneralMaxTopk = 512;  // General's largest top-k; GeneralWide above it
 template <bool kFp8>
 using Decode = Shape<kFp8, kDecodeWarpgroups, 1>;
 
@@ -890,7 +891,7 @@ void launch_shape(const SelectArgs& a, int grid, bool score_only, cudaStream_t s
 template <bool kFp8>
 void launch_format(const SelectArgs& a, int grid, bool score_only, cudaStream_t stream) {
   if (a.solo) launch_shape<Decode<kFp8>>(a, grid, score_only, stream);
-  else if (a.p.topk > 512) launch_shape<GeneralWide<kFp8>>(a, grid, score_only, stream);
+  else if (a.p.topk > kGeneralMaxTopk) launch_shape<GeneralWide<kFp8>>(a, grid, score_only, stream);
   else launch_shape<General<kFp8>>(a, grid, score_only, stream);
 }
 
