@@ -123,7 +123,7 @@ TEST(Cli, RunSmallWorkloadWithJson) {
   const std::string json = std::string(DSV4_BINARY_DIR) + "/cli_test_run.json";
   const Result r = cli("run --preset mini --requests 3 --prompt 300 --gen 4 --budget 128 --json " + json);
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_TRUE(has(r, "finished 3 requests, 0 rejected runs")) << r.out;
+  EXPECT_TRUE(has(r, "finished 3 requests, 0 rejected")) << r.out;
   EXPECT_TRUE(has(r, "tokens/s")) << r.out;
   FILE* f = fopen(json.c_str(), "r");
   ASSERT_NE(f, nullptr);
@@ -223,13 +223,28 @@ TEST(Cli, RunFailsWhenEveryRequestIsRejected) {
   config["max_position_embeddings"] = 64;
   std::ofstream(dir / "config.json") << config.dump();
   const Result r = cli("run --config " + (dir / "config.json").string() + " --requests 2 --prompt 200 --gen 2");
-  expect_user_error(r, "every request was rejected (2 rejected runs; the first: request 0: positions up to 99 exceed "
+  expect_user_error(r, "every request was rejected (2 rejected; the first: request 0: positions up to 99 exceed "
                        "max_position_embeddings (64))");
-  EXPECT_TRUE(has(r, "finished 0 requests, 2 rejected runs")) << r.out;
+  EXPECT_TRUE(has(r, "finished 0 requests, 2 rejected")) << r.out;
   // Some rejected, some served: the run did its job for those.
   const Result some = cli("run --config " + (dir / "config.json").string() + " --requests 2 --prompt 100 --gen 2");
   EXPECT_EQ(some.status, 0) << some.out;
-  EXPECT_TRUE(has(some, "finished 1 requests, 1 rejected runs")) << some.out;
+  EXPECT_TRUE(has(some, "finished 1 requests, 1 rejected")) << some.out;
+}
+
+// A cache too small for the workload at once: requests wait and are
+// preempted, and all are served; one too small for a single token rejects
+// every request with the reason.
+TEST(Cli, ACacheTooSmallForTheWorkloadServesItInTurn) {
+  const Result r = cli("run --preset mini --device cpu --requests 4 --prompt 200 --gen 2 --cache-memory 4M");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(has(r, "cache full: ")) << r.out;
+  EXPECT_TRUE(has(r, " preemptions, ")) << r.out;
+  EXPECT_FALSE(has(r, "; 0 preemptions")) << r.out;
+  EXPECT_TRUE(has(r, "finished 4 requests, 0 rejected")) << r.out;
+  const Result tiny = cli("run --preset mini --device cpu --requests 2 --prompt 20 --gen 2 --cache-memory 100K");
+  expect_user_error(tiny, "every request was rejected (2 rejected; the first: request 0: positions 0..0 need ");
+  EXPECT_TRUE(has(tiny, "(no other request holds cache pages: it cannot fit)")) << tiny.out;
 }
 
 TEST(Cli, NonFiniteWeightsAreReportedAndNonFiniteRunsFail) {
@@ -265,7 +280,7 @@ TEST(Cli, ExactProfileRunsOddWidthsAndProductionSaysWhy) {
   const Result exact = cli(args + " --profile exact");
   EXPECT_EQ(exact.status, 0) << exact.out;
   EXPECT_TRUE(has(exact, "hidden 320")) << exact.out;
-  EXPECT_TRUE(has(exact, "finished 2 requests, 0 rejected runs")) << exact.out;
+  EXPECT_TRUE(has(exact, "finished 2 requests, 0 rejected")) << exact.out;
   EXPECT_TRUE(has(exact, ", 0 non-finite values")) << exact.out;
   expect_user_error(cli(args), "hidden_size = 320 is not a multiple of 128, which the production profile needs");
 }

@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <random>
+#include <set>
 
+#include "common/error.h"
 #include "runtime/workload.h"
 
 using namespace dsv4;
@@ -32,9 +35,9 @@ TEST(Scheduler, FillsTheBudgetDecodeFirstWithContiguousRuns) {
     }
     EXPECT_LE(tokens, 100);
     EXPECT_LE(s.running(), 3u);
-    std::vector<int64_t> finished, failed;
-    s.complete(st, {}, finished, failed);
-    EXPECT_TRUE(failed.empty());
+    const StepOutcome out = s.complete(st, {});
+    EXPECT_TRUE(out.failed.empty());
+    EXPECT_TRUE(out.preempted.empty());
     ASSERT_LT(++steps, 100);
   }
   for (int i = 0; i < 5; ++i) {
@@ -49,17 +52,174 @@ TEST(Scheduler, ARejectedRunDropsItsRequest) {
   s.add({8, 10, 2});
   ScheduledStep st = s.next_step();
   ASSERT_EQ(st.runs.size(), 2u);
-  std::vector<int64_t> finished, failed;
-  s.complete(st, {1}, finished, failed);
-  EXPECT_EQ(failed, std::vector<int64_t>{8});
+  const StepOutcome out = s.complete(st, {RunError{1, "request 8: bad run"}});
+  ASSERT_EQ(out.failed.size(), 1u);
+  EXPECT_EQ(out.failed[0].request, 8);
+  EXPECT_EQ(out.failed[0].reason, "request 8: bad run");
   EXPECT_EQ(s.running(), 1u);
+  EXPECT_THROW(s.complete(s.next_step(), {RunError{5, "no such run"}}), Error);
 }
 
 namespace {
-WorkloadReport run_mini(int budget, uint64_t seed = 5) {
+RunError cache_full(size_t run) { return RunError{run, "cache full", true}; }
+const dsv4::Run* run_of(const ScheduledStep& st, int64_t request) {
+  for (const dsv4::Run& r : st.runs)
+    if (r.request == request) return &r;
+  return nullptr;
+}
+}  // namespace
+
+// Request 1's run does not fit: it stalls and keeps its place; request 2,
+// younger and holding pages, is preempted and waits behind it, then starts
+// again from position 0.
+TEST(Scheduler, AStalledRunPreemptsTheYoungestHolder) {
+  Scheduler s(SchedulerOptions{64, 3});
+  for (int i = 0; i < 3; ++i) s.add({i, 10, 2});
+  ScheduledStep st = s.next_step();
+  ASSERT_EQ(st.runs.size(), 3u);
+  StepOutcome out = s.complete(st, {cache_full(1)});
+  EXPECT_EQ(out.preempted, std::vector<int64_t>{2});
+  EXPECT_EQ(out.recomputed_tokens, 10);
+  EXPECT_TRUE(out.failed.empty());
+  EXPECT_TRUE(out.finished.empty());
+  st = s.next_step();
+  EXPECT_EQ(st.admitted, std::vector<int64_t>{2});
+  ASSERT_EQ(st.runs.size(), 2u);  // 0 decodes, 1 retries, 2 waits behind 1
+  EXPECT_TRUE(st.decode[0]);
+  EXPECT_EQ(st.runs[0].request, 0);
+  ASSERT_NE(run_of(st, 1), nullptr);
+  EXPECT_EQ(run_of(st, 1)->start_pos, 0);
+  EXPECT_EQ(run_of(st, 1)->len, 10);
+  out = s.complete(st, {});
+  EXPECT_TRUE(out.preempted.empty());
+  st = s.next_step();
+  ASSERT_NE(run_of(st, 2), nullptr);
+  EXPECT_EQ(run_of(st, 2)->start_pos, 0);
+  EXPECT_EQ(run_of(st, 2)->len, 10);
+}
+
+// Nothing younger holds pages, an older request does: the stalled one waits.
+TEST(Scheduler, AStalledRequestWaitsForAnOlderOne) {
+  Scheduler s(SchedulerOptions{64, 2});
+  s.add({0, 10, 3});
+  s.add({1, 10, 1});
+  ScheduledStep st = s.next_step();
+  const StepOutcome out = s.complete(st, {cache_full(1)});
+  EXPECT_TRUE(out.preempted.empty());
+  EXPECT_TRUE(out.failed.empty());
+  EXPECT_EQ(s.running(), 2u);
+  st = s.next_step();
+  ASSERT_EQ(st.runs.size(), 2u);
+  EXPECT_EQ(st.runs[0].request, 0);
+  EXPECT_EQ(st.runs[1].request, 1);
+  EXPECT_EQ(st.runs[1].start_pos, 0);
+}
+
+// A younger request that finishes in the same step gives its pages back:
+// the stalled one waits for them instead of counting itself alone.
+TEST(Scheduler, AStalledRequestWaitsForPagesAFinishingRequestGivesBack) {
+  Scheduler s(SchedulerOptions{64, 2});
+  s.add({0, 1, 1});
+  s.add({1, 5, 0});
+  const StepOutcome out = s.complete(s.next_step(), {cache_full(0)});
+  EXPECT_TRUE(out.failed.empty());
+  EXPECT_TRUE(out.preempted.empty());
+  EXPECT_EQ(out.finished, std::vector<int64_t>{1});
+  EXPECT_EQ(s.running(), 1u);
+}
+
+// Alone, a prefill chunk that does not fit is halved until it does; a
+// single token that does not fit fails its request with the reason.
+TEST(Scheduler, AloneAChunkIsHalvedThenItsRequestFails) {
+  Scheduler s(SchedulerOptions{64, 2});
+  s.add({0, 40, 1});
+  std::vector<int> lens;
+  StepOutcome out;
+  for (int i = 0; i < 10 && out.failed.empty(); ++i) {
+    const ScheduledStep st = s.next_step();
+    ASSERT_EQ(st.runs.size(), 1u);
+    lens.push_back(st.runs[0].len);
+    out = s.complete(st, {cache_full(0)});
+  }
+  EXPECT_EQ(lens, (std::vector<int>{40, 20, 10, 5, 2, 1}));
+  ASSERT_EQ(out.failed.size(), 1u);
+  EXPECT_EQ(out.failed[0].reason, "cache full (no other request holds cache pages: it cannot fit)");
+  EXPECT_TRUE(s.done());
+  // A halved chunk that fits: the prompt goes on in chunks of that length.
+  Scheduler t(SchedulerOptions{64, 2});
+  t.add({0, 40, 1});
+  t.complete(t.next_step(), {cache_full(0)});
+  ScheduledStep st = t.next_step();
+  EXPECT_EQ(st.runs[0].len, 20);
+  t.complete(st, {});
+  st = t.next_step();
+  EXPECT_EQ(st.runs[0].start_pos, 20);
+  EXPECT_EQ(st.runs[0].len, 20);
+}
+
+// Random workloads against a model of the caches: a request holds a unit a
+// token, and a run needs its tokens' units plus as many transient ones (its
+// compressor rows), given back when it commits. Every workload must end; a
+// request is served exactly when it fits alone (its tokens plus the last
+// token's transient unit), else rejected.
+TEST(Scheduler, RandomWorkloadsEndAndServeEveryRequestThatFitsAlone) {
+  std::mt19937 rng(7);
+  int preemptions = 0, stalls = 0, rejected_requests = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    const int limit = pick(2, 120);
+    Scheduler s(SchedulerOptions{pick(1, 64), pick(1, 6)});
+    std::map<int64_t, int64_t> total, held;
+    for (int i = 0, n = pick(1, 8); i < n; ++i) {
+      const WorkloadRequest r{i, pick(1, 80), pick(0, 20)};
+      s.add(r);
+      total[i] = int64_t(r.prompt_len) + r.gen_len;
+    }
+    std::set<int64_t> finished, failed;
+    int steps = 0;
+    while (!s.done()) {
+      ASSERT_LT(++steps, 20000) << "trial " << trial << " does not end";
+      const ScheduledStep st = s.next_step();
+      for (int64_t id : st.admitted) held[id] = 0;
+      int64_t used = 0;
+      for (const auto& [id, h] : held) used += h;
+      std::vector<RunError> rejected;
+      for (size_t i = 0; i < st.runs.size(); ++i) {
+        const dsv4::Run& r = st.runs[i];
+        ASSERT_EQ(r.start_pos, held[r.request]);
+        if (used + 2 * r.len > limit) {
+          rejected.push_back(cache_full(i));
+        } else {
+          held[r.request] += r.len;
+          used += r.len;
+        }
+      }
+      const StepOutcome out = s.complete(st, rejected);
+      stalls += int(rejected.size());
+      preemptions += int(out.preempted.size());
+      rejected_requests += int(out.failed.size());
+      for (int64_t id : out.finished) finished.insert(id), held.erase(id);
+      for (int64_t id : out.preempted) held.erase(id);
+      for (const auto& f : out.failed) failed.insert(f.request), held.erase(f.request);
+    }
+    for (const auto& [id, t] : total) {
+      EXPECT_EQ(finished.count(id), size_t(t + 1 <= limit)) << "trial " << trial << " request " << id;
+      EXPECT_EQ(failed.count(id), size_t(t + 1 > limit)) << "trial " << trial << " request " << id;
+    }
+  }
+  // The trials reach every path: waits, preemptions, rejections.
+  EXPECT_GT(stalls, 1000);
+  EXPECT_GT(preemptions, 100);
+  EXPECT_GT(rejected_requests, 50);
+  std::printf("%d stalled runs, %d preemptions, %d requests rejected\n", stalls, preemptions, rejected_requests);
+}
+
+namespace {
+WorkloadReport run_mini(int budget, uint64_t seed = 5, int64_t cache_bytes = INT64_MAX) {
   const ModelConfig c = preset_config("mini");
   EngineOptions eo;
   eo.profile = Profile::kExact;
+  eo.cache_bytes = cache_bytes;
   eo.workload = CacheWorkload{4, 400, budget};
   auto engine = Engine::from_seed(c, 1, eo);
   Scheduler sched(SchedulerOptions{budget, 4});
@@ -80,4 +240,36 @@ TEST(Workload, ServesEveryRequestAndChunkingDoesNotChangeTheResult) {
   // Every token's final hidden state is the same however the steps were cut.
   EXPECT_NEAR(b.checksum, a.checksum, 1e-6 * a.checksum);
   EXPECT_NE(run_mini(512, 6).checksum, a.checksum);  // other inputs, other result
+}
+
+// With half the cache the ample run peaked at, requests stall, the youngest
+// are preempted and computed again from position 0: every request is served
+// and every token ends as it would have (the exact profile is schedule-free).
+TEST(Workload, PreemptedRequestsComputeTheSameTokensAgain) {
+  const WorkloadReport ample = run_mini(512);
+  EXPECT_EQ(ample.stalled_runs, 0);
+  EXPECT_EQ(ample.preemptions, 0);
+  const int64_t limit = int64_t(ample.peak_cache_total / 2);
+  const WorkloadReport tight = run_mini(512, 5, limit);
+  EXPECT_EQ(tight.finished, 4);
+  EXPECT_TRUE(tight.errors.empty()) << tight.errors.front();
+  EXPECT_GT(tight.stalled_runs, 0);
+  EXPECT_GT(tight.preemptions, 0);
+  EXPECT_GT(tight.recomputed_tokens, 0);
+  EXPECT_LE(int64_t(tight.peak_cache_total), limit);
+  EXPECT_EQ(tight.prefill_tokens + tight.decode_tokens,
+            ample.prefill_tokens + ample.decode_tokens + tight.recomputed_tokens);
+  EXPECT_NEAR(tight.checksum, ample.checksum, 1e-7 * ample.checksum);
+  EXPECT_EQ(tight.nonfinite_values, 0);
+}
+
+// Where even one token of a request cannot fit, that request is rejected
+// with the reason and the others are served.
+TEST(Workload, ARequestThatCannotFitAloneIsRejectedAndTheOthersServed) {
+  const WorkloadReport ample = run_mini(512);
+  const WorkloadReport r = run_mini(512, 5, int64_t(ample.peak_cache_total / 5));
+  EXPECT_GE(r.finished, 1);
+  EXPECT_FALSE(r.errors.empty());
+  EXPECT_EQ(r.finished + int(r.errors.size()), 4);
+  for (const std::string& e : r.errors) EXPECT_NE(e.find("it cannot fit"), std::string::npos) << e;
 }

@@ -65,8 +65,8 @@ class BlockManager {
   int64_t tokens_held() const;       // over all open requests
 
   // Gives every block the run [start, start + len) touches a page, in every
-  // group. All or nothing: throws Error naming the exhausted cache and
-  // leaves every table as it was.
+  // group. All or nothing: throws CacheExhausted naming the exhausted cache
+  // (Error for a bad run) and leaves every table as it was.
   void reserve(int64_t id, int64_t start, int len);
   // The request now holds `new_length` tokens: pages no later token reads go back.
   void commit(int64_t id, int64_t new_length);

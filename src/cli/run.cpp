@@ -87,6 +87,9 @@ nlohmann::json report_json(const WorkloadReport& r, const ModelConfig& c, const 
   j["dense_mla_bytes_at_peak"] = double(r.peak_tokens_held) * c.num_layers * kKvEntryBytes;
   j["finished"] = r.finished;
   j["errors"] = r.errors;
+  j["stalled_runs"] = r.stalled_runs;
+  j["preemptions"] = r.preemptions;
+  j["recomputed_tokens"] = r.recomputed_tokens;
   j["checksum"] = r.checksum;
   j["nonfinite_values"] = r.nonfinite_values;
   return j;
@@ -123,7 +126,10 @@ void print_report(const WorkloadReport& r, const ModelConfig& c) {
               "compressor state %.2f MiB (bounded per request)\n",
               group(CacheGroup::kC4A) + group(CacheGroup::kC128A), group(CacheGroup::kSwa),
               group(CacheGroup::kC4AState) + group(CacheGroup::kC128AState));
-  std::printf("finished %d requests, %zu rejected runs, checksum %.6f, %lld non-finite values\n", r.finished,
+  if (r.stalled_runs > 0)
+    std::printf("cache full: %lld runs waited for pages; %d preemptions, %lld tokens computed again\n",
+                (long long)r.stalled_runs, r.preemptions, (long long)r.recomputed_tokens);
+  std::printf("finished %d requests, %zu rejected, checksum %.6f, %lld non-finite values\n", r.finished,
               r.errors.size(), r.checksum, (long long)r.nonfinite_values);
   for (const auto& e : r.errors) std::printf("  rejected: %s\n", e.c_str());
 }
@@ -227,7 +233,7 @@ void run_main(const RunArgs& a) {
   print_memory(*engine);
   json.write(report_json(r, c, a).dump(2) + "\n");
   // A run that served nothing, or served NaN, did not do its job.
-  DSV4_REQUIRE(r.finished > 0, "every request was rejected (" + std::to_string(r.errors.size()) + " rejected runs" +
+  DSV4_REQUIRE(r.finished > 0, "every request was rejected (" + std::to_string(r.errors.size()) + " rejected" +
                               (r.errors.empty() ? ")" : "; the first: " + r.errors.front() + ")"));
   DSV4_REQUIRE(r.nonfinite_values == 0, "the outputs went non-finite: " + std::to_string(r.nonfinite_values) +
                                        " values of the hidden state were NaN or Inf (are the weights finite? "

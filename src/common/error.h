@@ -10,6 +10,12 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The caches cannot hold what a run needs now; they may once other requests
+// let their pages go (the scheduler then retries or preempts).
+struct CacheExhausted : Error {
+  using Error::Error;
+};
+
 }  // namespace dsv4
 
 // Throws dsv4::Error(message) when cond is false. A macro so that the message

@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <numbers>
+#include <span>
 
 
 namespace dsv4 {
@@ -13,6 +15,33 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// The checksum's sums: |h| per request until it finishes, then into the
+// total. A preempted request's sums are dropped (its tokens are computed
+// again), as are a dropped request's (they were never served).
+class RequestSums {
+ public:
+  void add(int64_t request, std::span<const float> h) {
+    Sum& s = open_[request];
+    for (float v : h) s.abs += std::fabs(v);
+    s.values += h.size();
+  }
+  void finish(int64_t request) {
+    const Sum s = open_[request];
+    open_.erase(request);
+    total_.abs += s.abs, total_.values += s.values;
+  }
+  void drop(int64_t request) { open_.erase(request); }
+  double mean() const { return total_.values ? total_.abs / double(total_.values) : 0; }
+
+ private:
+  struct Sum {
+    double abs = 0;
+    size_t values = 0;
+  };
+  std::map<int64_t, Sum> open_;
+  Sum total_;
+};
 
 }  // namespace
 
@@ -38,19 +67,14 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
   }
   for (int l = 0; l < c.num_layers; ++l) ++rep.layer_counts[size_t(c.layer_type(l))];
   const auto t_start = std::chrono::steady_clock::now();
-  double abs_sum = 0;
-  size_t values = 0;
+  RequestSums sums;
   while (!scheduler.done()) {
     const auto t_step = std::chrono::steady_clock::now();
     ScheduledStep step = scheduler.next_step();
     for (int64_t id : step.admitted) engine.open_request(id);
-    std::vector<RunError> errors;
-    const StepMetadata s = engine.plan(step.runs, errors);
-    std::vector<size_t> rejected;
-    for (const RunError& e : errors) {
-      rejected.push_back(e.run);
-      rep.errors.push_back(e.message);
-    }
+    std::vector<RunError> rejected;
+    const StepMetadata s = engine.plan(step.runs, rejected);
+    for (const RunError& e : rejected) rep.stalled_runs += e.cache_full;
     const int T = s.num_tokens();
     std::vector<float> h(size_t(T) * D);
     for (int t = 0; t < T; ++t)
@@ -68,13 +92,16 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
       for (CacheGroup g : kAllCacheGroups) rep.peak_group_bytes[size_t(g)] = size_t(engine.blocks().bytes_in_use(g));
       rep.peak_tokens_held = engine.blocks().tokens_held();
     }
-    std::vector<int64_t> finished, failed;
-    scheduler.complete(step, rejected, finished, failed);
-    for (int64_t id : finished) engine.close_request(id);
-    for (int64_t id : failed) engine.close_request(id);
-    rep.finished += int(finished.size());
-    for (float v : h) abs_sum += std::fabs(v), rep.nonfinite_values += !std::isfinite(v);
-    values += h.size();
+    for (float v : h) rep.nonfinite_values += !std::isfinite(v);
+    for (int t = 0; t < T; ++t)
+      sums.add(s.runs[size_t(s.token_run()[size_t(t)])].request, std::span<const float>(h).subspan(size_t(t) * D, D));
+    const StepOutcome out = scheduler.complete(step, rejected);
+    for (int64_t id : out.finished) engine.close_request(id), sums.finish(id);
+    for (int64_t id : out.preempted) engine.close_request(id), sums.drop(id);
+    for (const auto& f : out.failed) engine.close_request(f.request), sums.drop(f.request), rep.errors.push_back(f.reason);
+    rep.finished += int(out.finished.size());
+    rep.preemptions += int(out.preempted.size());
+    rep.recomputed_tokens += out.recomputed_tokens;
     const double dt = seconds_since(t_step);
     int64_t prefill = 0, decode = 0;
     for (size_t r = 0; r < s.runs.size(); ++r) (step.decode[s.input_index[r]] ? decode : prefill) += s.runs[r].len;
@@ -85,7 +112,7 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
     if (progress) progress(prog);
   }
   rep.total_seconds = seconds_since(t_start);
-  rep.checksum = values ? abs_sum / double(values) : 0;
+  rep.checksum = sums.mean();
   return rep;
 }
 

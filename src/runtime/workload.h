@@ -26,10 +26,15 @@ struct WorkloadReport {
   size_t peak_cache_total = 0;
   int64_t peak_tokens_held = 0;    // context tokens held at that peak
   int finished = 0;
-  std::vector<std::string> errors;  // rejected runs
-  double checksum = 0;              // mean |h| after the last layer over every token served:
-                                    // independent of the schedule, to compare runs
-  int64_t nonfinite_values = 0;     // NaN or Inf among those values (the checksum is then NaN)
+  std::vector<std::string> errors;  // why each dropped request was dropped
+  int64_t stalled_runs = 0;         // runs the caches could not hold when they came (retried)
+  int preemptions = 0;              // requests sent back to position 0 to free their pages
+  int64_t recomputed_tokens = 0;    // tokens those requests had served, served again
+  double checksum = 0;              // mean |h| after the last layer over the finished requests'
+                                    // tokens as last computed, to compare runs: the exact
+                                    // profile gives it for any schedule (chunks, batches,
+                                    // preemptions), production numerics to about 1e-5
+  int64_t nonfinite_values = 0;     // NaN or Inf among every value computed (the checksum is then NaN)
 };
 
 struct StepProgress {

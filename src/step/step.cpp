@@ -87,6 +87,9 @@ StepMetadata plan_step(const std::vector<Run>& runs, const ModelConfig& config, 
       check_run(run, config, blocks, seen);
       if (tokens + run.len > INT32_MAX) throw Error("request " + std::to_string(run.request) + ": the step holds too many tokens");
       blocks.reserve(run.request, run.start_pos, run.len);
+    } catch (const CacheExhausted& e) {
+      errors.push_back({i, e.what(), true});
+      continue;
     } catch (const Error& e) {
       errors.push_back({i, e.what()});
       continue;

@@ -23,6 +23,7 @@ struct Run {
 struct RunError {
   size_t run = 0;  // index into the step's input runs
   std::string message;
+  bool cache_full = false;  // the caches could not hold it now (CacheExhausted); else the run is bad
 };
 
 class StepMetadata {
