@@ -145,16 +145,21 @@ TEST(Scheduler, AloneAChunkIsHalvedThenItsRequestFails) {
   ASSERT_EQ(out.failed.size(), 1u);
   EXPECT_EQ(out.failed[0].reason, "cache full (no other request holds cache pages: it cannot fit)");
   EXPECT_TRUE(s.done());
-  // A halved chunk that fits: the prompt goes on in chunks of that length.
+  // A halved chunk that fits: the cap doubles again for the next one.
   Scheduler t(SchedulerOptions{64, 2});
-  t.add({0, 40, 1});
+  t.add({0, 200, 1});
+  t.complete(t.next_step(), {cache_full(0)});
   t.complete(t.next_step(), {cache_full(0)});
   ScheduledStep st = t.next_step();
-  EXPECT_EQ(st.runs[0].len, 20);
+  EXPECT_EQ(st.runs[0].len, 16);
   t.complete(st, {});
   st = t.next_step();
-  EXPECT_EQ(st.runs[0].start_pos, 20);
-  EXPECT_EQ(st.runs[0].len, 20);
+  EXPECT_EQ(st.runs[0].start_pos, 16);
+  EXPECT_EQ(st.runs[0].len, 32);
+  t.complete(st, {});
+  st = t.next_step();
+  EXPECT_EQ(st.runs[0].start_pos, 48);
+  EXPECT_EQ(st.runs[0].len, 64);
 }
 
 // Random workloads against a model of the caches: a request holds a unit a

@@ -93,6 +93,7 @@ StepOutcome Scheduler::complete(const ScheduledStep& step, const std::vector<Run
     if (e == by_run.end()) {
       l->pos += run.len;
       l->stalled = false;
+      if (!step.decode[i] && l->max_chunk <= INT32_MAX / 2) l->max_chunk *= 2;  // room may have come back
     } else if (e->second->cache_full) {
       l->stalled = true;
       full[run.request] = {run, e->second->message};

@@ -12,8 +12,9 @@
 // computes the same tokens again). A stalled request with nothing else left
 // to preempt and no older request to wait for has the caches to itself: a
 // prefill chunk is halved and retried (a chunk's transient pages, its
-// compressor rows and window, shrink with it); a run of one token that
-// still does not fit never will, and its request fails.
+// compressor rows and window, shrink with it), and the cap doubles again
+// after each chunk that fits; a run of one token that still does not fit
+// never will, and its request fails.
 #include <cstdint>
 #include <deque>
 #include <string>
