@@ -132,9 +132,9 @@ void BlockManager::reserve(int64_t id, int64_t start, int len) {
     const size_t need = missing[size_t(g)].size();
     if (int64_t(need) > pool.free_count())
       throw CacheExhausted("request " + std::to_string(id) + ": cache '" + std::string(cache_group_name(g)) +
-                  "' is exhausted: positions " + std::to_string(start) + ".." + std::to_string(start + len - 1) +
-                  " need " + std::to_string(need) + " more pages, " + std::to_string(pool.free_count()) + " of " +
-                  std::to_string(pool.capacity()) + " are free");
+                           "' is exhausted: positions " + std::to_string(start) + ".." +
+                           std::to_string(start + len - 1) + " need " + std::to_string(need) + " more pages, " +
+                           std::to_string(pool.free_count()) + " of " + std::to_string(pool.capacity()) + " are free");
     new_bytes += int64_t(need) * int64_t(spec_.group(g).page_bytes);
   }
   if (bytes_in_use() + new_bytes > limits_.max_bytes)

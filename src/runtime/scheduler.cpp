@@ -87,7 +87,8 @@ StepOutcome Scheduler::complete(const ScheduledStep& step, const std::vector<Run
   std::map<int64_t, std::pair<Run, std::string>> full;  // requests whose run the caches could not hold, and why
   for (size_t i = 0; i < step.runs.size(); ++i) {
     const Run& run = step.runs[i];
-    const auto l = std::find_if(running_.begin(), running_.end(), [&](const Live& x) { return x.req.id == run.request; });
+    const auto l =
+        std::find_if(running_.begin(), running_.end(), [&](const Live& x) { return x.req.id == run.request; });
     DSV4_REQUIRE(l != running_.end(), "scheduler: request " + std::to_string(run.request) + " is not running");
     const auto e = by_run.find(i);
     if (e == by_run.end()) {

@@ -98,7 +98,8 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
     const StepOutcome out = scheduler.complete(step, rejected);
     for (int64_t id : out.finished) engine.close_request(id), sums.finish(id);
     for (int64_t id : out.preempted) engine.close_request(id), sums.drop(id);
-    for (const auto& f : out.failed) engine.close_request(f.request), sums.drop(f.request), rep.errors.push_back(f.reason);
+    for (const auto& f : out.failed)
+      engine.close_request(f.request), sums.drop(f.request), rep.errors.push_back(f.reason);
     rep.finished += int(out.finished.size());
     rep.preemptions += int(out.preempted.size());
     rep.recomputed_tokens += out.recomputed_tokens;
