@@ -179,6 +179,11 @@ TEST(Cli, NumericOptionsAreCheckedWithReadableBounds) {
   expect_user_error(cli("run --requests 1.5"), "--requests: '1.5' is not an integer");
   expect_user_error(cli("run --weight-cache-gib nan"), "--weight-cache-gib: 'nan' is not a finite number >= 0");
   expect_user_error(cli("run --weight-cache-gib -1"), "is not a finite number >= 0");
+  // A size without its unit: bytes come whole, so "2.5" is an error, not 2 bytes.
+  expect_user_error(cli("run --cache-memory 2.5"),
+                    "--cache-memory: '2.5' is not a memory size (whole bytes, or a number with K, M, G or T)");
+  expect_user_error(cli("run --device cpu --gpu-memory 2.5"),
+                    "--gpu-memory '2.5': expected a fraction in (0, 1] or a size such as 80G");
   const Result r = cli(std::string("verify ") + DSV4_GOLDEN_DIR + " mini --max-chunk -1");
   expect_user_error(r, "--max-chunk: '-1' is not an integer in [0, 2147483647]");
   // No bound is printed as the largest double in full.

@@ -65,13 +65,14 @@ int64_t parse_size(const std::string& s) {
   const double v = digits.empty() ? NAN : std::strtod(digits.c_str(), &end);
   if (digits.empty() || end != digits.c_str() + digits.size() || !std::isfinite(v) || v < 0) return -1;
   const double bytes = v * scale;
-  return bytes >= 9.0e18 ? -1 : int64_t(bytes);
+  if (bytes >= 9.0e18 || (scale == 1 && bytes != std::floor(bytes))) return -1;
+  return int64_t(bytes);
 }
 
 CLI::Validator memory_size() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
-        if (parse_size(s) < 1) return "'" + s + "' is not a memory size (bytes, or a number with K, M, G or T)";
+        if (parse_size(s) < 1) return "'" + s + "' is not a memory size (whole bytes, or a number with K, M, G or T)";
         return "";
       },
       "SIZE");

@@ -17,7 +17,8 @@ CLI::Validator any_uint64();
 CLI::Validator number_at_least(double lo);
 
 // A memory size: a number of bytes with an optional K, M, G or T suffix
-// (powers of 1024; "1.5G" is allowed). Returns -1 when `s` is none.
+// (powers of 1024; "1.5G" is allowed, "2.5" is not: bytes come whole, and
+// the unit was more likely forgotten). Returns -1 when `s` is none.
 int64_t parse_size(const std::string& s);
 // The same, as a validator (sizes of at least one byte).
 CLI::Validator memory_size();
