@@ -1,6 +1,7 @@
 #include "runtime/scheduler.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 
 #include "common/error.h"
@@ -20,15 +21,14 @@ void Scheduler::add(const WorkloadRequest& r) {
 size_t Scheduler::oldest_stalled() const {
   for (size_t i = 0; i < running_.size(); ++i)
     if (running_[i].stalled) return i;
-  return running_.size();
+  return SIZE_MAX;
 }
 
 ScheduledStep Scheduler::next_step() {
   ScheduledStep step;
   int budget = opt_.token_budget;
   // Requests admitted after the oldest stalled one wait (admissions below come after it too).
-  const size_t stalled = oldest_stalled();
-  const size_t last = stalled < running_.size() ? stalled : SIZE_MAX;
+  const size_t last = oldest_stalled();
   // Decode first: one token each for requests past their prompt.
   for (size_t i = 0; i < running_.size() && i <= last && budget > 0; ++i) {
     const Live& l = running_[i];

@@ -77,7 +77,7 @@ class Scheduler {
     std::string failure;           // why it is dropped at the step's end (empty: it is not)
     int64_t total() const { return int64_t(req.prompt_len) + req.gen_len; }
   };
-  // Index in running_ (admission order) of the oldest stalled request; running_.size() if none.
+  // Index in running_ (admission order) of the oldest stalled request; SIZE_MAX if none.
   size_t oldest_stalled() const;
   // After a step in which the oldest stalled request's run (`run`) did not fit again.
   void resolve_stall(size_t stalled, const Run& run, const std::string& reason, StepOutcome& out);
