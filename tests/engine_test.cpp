@@ -13,10 +13,10 @@ namespace {
 struct Harness {
   ModelConfig c = preset_config("mini");
   std::unique_ptr<Engine> engine;
-  explicit Harness(CacheWorkload w) {
+  explicit Harness(CacheWorkload w, Profile profile = Profile::kProduction) {
     c.max_position_embeddings = 2000;
     EngineOptions eo;
-    eo.profile = Profile::kProduction;
+    eo.profile = profile;
     eo.workload = w;
     engine = Engine::from_seed(c, 3, eo);
   }
@@ -100,5 +100,26 @@ TEST(Engine, RecycledPagesLeakNothingFromAnEarlierRequest) {
     const auto a = fresh.step({run}, errors), b = reused.step({run}, errors);
     ASSERT_TRUE(errors.empty());
     EXPECT_EQ(a, b) << "run at " << run.start_pos;
+  }
+}
+
+TEST(Engine, ActivationBuffersCarryNothingFromALargerStep) {
+  // The CPU backend keeps its activation buffers from step to step
+  // (attn/cpu/scratch.h): a short step right after a long one reuses buffers
+  // that hold the long step's values past where the short one writes, and
+  // must produce what it produces on a fresh engine.
+  for (const Profile profile : {Profile::kProduction, Profile::kExact}) {
+    const CacheWorkload cap{2, 600, 600};
+    Harness fresh(cap, profile), reused(cap, profile);
+    std::vector<RunError> errors;
+    reused.engine->open_request(1);
+    reused.step({{1, 0, 300}}, errors);
+    fresh.engine->open_request(2);
+    reused.engine->open_request(2);
+    for (const dsv4::Run run : {dsv4::Run{2, 0, 5}, dsv4::Run{2, 5, 1}}) {
+      const auto a = fresh.step({run}, errors), b = reused.step({run}, errors);
+      ASSERT_TRUE(errors.empty());
+      EXPECT_EQ(a, b) << profile_name(profile) << ", run at " << run.start_pos;
+    }
   }
 }

@@ -184,11 +184,19 @@ double gpu_memory(const std::string& s) {
   return double(bytes);
 }
 
+// Bytes in GiB from 1 GiB up, else in MiB (a small preset's caches are 0.00 GiB).
+std::string size_text(int64_t bytes) {
+  const double mib = double(bytes) / (1024.0 * 1024.0);
+  char buf[32];
+  if (mib >= 1024.0) std::snprintf(buf, sizeof buf, "%.2f GiB", mib / 1024.0);
+  else std::snprintf(buf, sizeof buf, "%.1f MiB", mib);
+  return buf;
+}
+
 void print_memory(const Engine& e) {
   const BackendMemory m = const_cast<Engine&>(e).backend().memory();
-  const double gib = 1024.0 * 1024 * 1024;
-  std::printf("%s memory: weights %.2f GiB, caches %.2f GiB, workspace %.2f GiB", e.options().device == Device::kCuda ? "device" : "host",
-              m.weights / gib, m.caches / gib, m.workspace / gib);
+  std::printf("%s memory: weights %s, caches %s, workspace %s", e.options().device == Device::kCuda ? "device" : "host",
+              size_text(m.weights).c_str(), size_text(m.caches).c_str(), size_text(m.workspace).c_str());
   if (e.options().device == Device::kCuda)
     std::printf("; the caches admit %lld tokens of compressed context over %lld requests",
                 (long long)e.blocks().limits().context_tokens(e.cache_spec()), (long long)e.options().workload.max_requests);
@@ -273,8 +281,8 @@ void register_run(CLI::App& app) {
                   "cuda: device memory for weights, workspaces and caches: a fraction of the free memory "
                   "(default 0.9) or a size (e.g. 80G)");
   cmd->add_option("--cache-memory", a->cache_memory,
-                  "cpu: limit of the host cache pages in use (default: half the machine's memory); a request "
-                  "beyond it is refused")
+                  "cpu: limit of the host cache pages in use (default: half the machine's memory); when it is "
+                  "reached, runs wait and the youngest request is preempted and computed again later")
       ->check(memory_size());
   cmd->callback([a] { run_main(*a); });
 }

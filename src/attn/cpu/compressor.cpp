@@ -12,12 +12,13 @@ CompressorOp::CompressorOp(const CompressorWeights& w, Profile profile, bool cac
     : w_(w), profile_(profile), rope_(rope), eps_(eps), index_keys_(index_keys),
       wkv_(&w.wkv, LinearMode::kF32, cache_weights), wgate_(&w.wgate, LinearMode::kF32, cache_weights) {}
 
-std::vector<int> CompressorOp::forward(const StepView& s, const float* x, const CompressorIo& io) const {
+std::vector<int> CompressorOp::forward(const StepView& s, const float* x, const CompressorIo& io,
+                                       CpuScratch& ws) const {
   const int T = s.dims.tokens, m = w_.ratio, kc = w_.coff * w_.dim;
   // [a | g] per token, the layout compress_cpu reads.
-  std::vector<float> proj(size_t(T) * 2 * kc);
-  wkv_.forward(x, int(w_.wkv.cols), T, proj.data(), 2 * kc, profile_);
-  wgate_.forward(x, int(w_.wgate.cols), T, proj.data() + kc, 2 * kc, profile_);
+  float* proj = sized(ws.proj, size_t(T) * 2 * kc);
+  wkv_.forward(x, int(w_.wkv.cols), T, proj, 2 * kc, profile_);
+  wgate_.forward(x, int(w_.wgate.cols), T, proj + kc, 2 * kc, profile_);
   // Every row a completed block pools must have a page (the block manager
   // reserved them); checked here, since compress_cpu skips unmapped rows.
   std::vector<int> done;
@@ -34,7 +35,7 @@ std::vector<int> CompressorOp::forward(const StepView& s, const float* x, const 
   p.num_tokens = T;
   p.ratio = m;
   p.dim = w_.dim;
-  p.proj = proj.data();
+  p.proj = proj;
   p.proj_ld = 2 * kc;
   p.a_col = 0;
   p.g_col = kc;

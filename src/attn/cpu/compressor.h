@@ -11,6 +11,7 @@
 
 #include "attn/cpu/compress_cpu.h"
 #include "attn/cpu/linear.h"
+#include "attn/cpu/scratch.h"
 #include "cache/entries.h"
 #include "numerics/rope.h"
 #include "step/step_layout.h"
@@ -34,7 +35,7 @@ class CompressorOp {
                bool index_keys);
 
   // Returns the tokens (step-local indices) that completed an entry.
-  std::vector<int> forward(const StepView& s, const float* x, const CompressorIo& io) const;
+  std::vector<int> forward(const StepView& s, const float* x, const CompressorIo& io, CpuScratch& ws) const;
 
  private:
   const CompressorWeights& w_;

@@ -60,7 +60,7 @@ class CpuBackend final : public AttentionBackend {
       x_ = h_;
       if (prod) round_bf16(x_.data(), x_.size());
     }
-    layers_[size_t(layer)]->forward(step_->view(), caches(layer), x_.data(), y_.data(), capture);
+    layers_[size_t(layer)]->forward(step_->view(), caches(layer), x_.data(), y_.data(), scratch_, capture);
     if (in == LayerInput::kResidual)
       for (size_t i = 0; i < h_.size(); ++i) h_[i] += y_[i];
     if (timed_ && size_t(layer) < seconds_.size())
@@ -74,7 +74,7 @@ class CpuBackend final : public AttentionBackend {
 
   BackendMemory memory() const override {
     return BackendMemory{weight_bytes_, storage_.bytes_allocated(),
-                         int64_t((h_.size() + x_.size() + y_.size()) * sizeof(float))};
+                         int64_t((h_.size() + x_.size() + y_.size()) * sizeof(float)) + scratch_.bytes()};
   }
 
  private:
@@ -101,6 +101,7 @@ class CpuBackend final : public AttentionBackend {
   std::vector<std::unique_ptr<CpuLayer>> layers_;
   const StepMetadata* step_ = nullptr;
   std::vector<float> h_, x_, y_;
+  CpuScratch scratch_;  // every layer's activations, reused (attn/cpu/scratch.h)
   std::vector<double> seconds_;
   int64_t weight_bytes_ = 0;
 };

@@ -35,24 +35,24 @@ CpuLayer::CpuLayer(const ModelConfig& config, const LayerWeights& weights, const
   }
 }
 
-void CpuLayer::project_q(const StepView& s, const float* x, std::vector<float>& cq, std::vector<float>& q) const {
+void CpuLayer::project_q(const StepView& s, const float* x, CpuScratch& ws) const {
   const int T = s.dims.tokens, H = config_.num_heads, R = config_.q_lora_rank;
   const bool prod = opt_.profile == Profile::kProduction;
   const float eps = float(config_.rms_norm_eps);
-  cq.resize(size_t(T) * R);
-  q.resize(size_t(T) * H * kKvDim);
-  wq_a_.forward(x, T, cq.data(), opt_.profile);
+  float* cq = sized(ws.cq, size_t(T) * R);
+  float* q = sized(ws.q, size_t(T) * H * kKvDim);
+  wq_a_.forward(x, T, cq, opt_.profile, &ws.xq);
 #pragma omp parallel for
   for (int t = 0; t < T; ++t) {
-    float* c = cq.data() + size_t(t) * R;
+    float* c = cq + size_t(t) * R;
     rms_norm(c, w_.q_norm.data(), R, eps, c);
     if (prod) round_bf16(c, size_t(R));
   }
-  wq_b_.forward(cq.data(), T, q.data(), opt_.profile);
+  wq_b_.forward(cq, T, q, opt_.profile, &ws.xq);
 #pragma omp parallel for
   for (int t = 0; t < T; ++t) {
     for (int h = 0; h < H; ++h) {
-      float* qh = q.data() + (size_t(t) * H + h) * kKvDim;
+      float* qh = q + (size_t(t) * H + h) * kKvDim;
       if (prod) rms_norm_bf16_arith(qh, kKvDim, eps);
       else rms_norm(qh, nullptr, kKvDim, eps, qh);
       rope_.apply(qh + kNopeDim, s.positions[t]);
@@ -61,15 +61,16 @@ void CpuLayer::project_q(const StepView& s, const float* x, std::vector<float>& 
   }
 }
 
-void CpuLayer::insert_kv(const StepView& s, const LayerCaches& c, const float* x, LayerCapture* capture) const {
+void CpuLayer::insert_kv(const StepView& s, const LayerCaches& c, const float* x, CpuScratch& ws,
+                         LayerCapture* capture) const {
   const int T = s.dims.tokens;
   const bool prod = opt_.profile == Profile::kProduction;
-  std::vector<float> kv(size_t(T) * kKvDim);
-  wkv_.forward(x, T, kv.data(), opt_.profile);
-  if (capture) capture->kv.assign(kv.size(), 0.0f);
+  float* kv = sized(ws.kv, size_t(T) * kKvDim);
+  wkv_.forward(x, T, kv, opt_.profile, &ws.xq);
+  if (capture) capture->kv.assign(size_t(T) * kKvDim, 0.0f);
 #pragma omp parallel for
   for (int t = 0; t < T; ++t) {
-    float* v = kv.data() + size_t(t) * kKvDim;
+    float* v = kv + size_t(t) * kKvDim;
     rms_norm(v, w_.kv_norm.data(), kKvDim, float(config_.rms_norm_eps), v);
     if (prod) round_bf16(v, kKvDim);
     rope_.apply(v + kNopeDim, s.positions[t]);
@@ -94,7 +95,8 @@ void capture_entries(const std::vector<int>& tokens, const int32_t* slots, const
 
 }  // namespace
 
-void CpuLayer::compress(const StepView& s, const LayerCaches& c, const float* x, LayerCapture* capture) const {
+void CpuLayer::compress(const StepView& s, const LayerCaches& c, const float* x, CpuScratch& ws,
+                        LayerCapture* capture) const {
   if (!compressor_) return;
   const bool c4a = type_ == LayerType::kC4A;
   CompressorIo io;
@@ -103,12 +105,12 @@ void CpuLayer::compress(const StepView& s, const LayerCaches& c, const float* x,
   io.out_slots = c4a ? s.c4a_slot : s.c128a_slot;
   io.state = c.state;
   io.out = c.compressed;
-  const std::vector<int> done = compressor_->forward(s, x, io);
+  const std::vector<int> done = compressor_->forward(s, x, io, ws);
   if (capture) capture_entries(done, io.out_slots, io.out, capture->compressed_tokens, capture->compressed);
   if (!index_compressor_) return;
   io.state = c.index_state;
   io.out = c.index_keys;
-  const std::vector<int> keys_done = index_compressor_->forward(s, x, io);
+  const std::vector<int> keys_done = index_compressor_->forward(s, x, io, ws);
   if (capture) capture_entries(keys_done, io.out_slots, io.out, capture->index_key_tokens, capture->index_keys);
 }
 
@@ -135,8 +137,8 @@ int CpuLayer::extra_list(const StepView& s, const std::vector<std::vector<int32_
   return k;
 }
 
-void CpuLayer::attend(const StepView& s, const LayerCaches& c, const std::vector<float>& q,
-                      const std::vector<std::vector<int32_t>>& picks, std::vector<float>& o) const {
+void CpuLayer::attend(const StepView& s, const LayerCaches& c, const std::vector<std::vector<int32_t>>& picks,
+                      CpuScratch& ws) const {
   const int T = s.dims.tokens, H = config_.num_heads;
   std::vector<int32_t> extra_indices, extra_lengths;
   SparseAttentionParams p;
@@ -152,56 +154,58 @@ void CpuLayer::attend(const StepView& s, const LayerCaches& c, const std::vector
   }
   p.attn_sink = w_.attn_sink.data();
   p.softmax_scale = float(1.0 / std::sqrt(double(kKvDim)));
-  o.resize(size_t(T) * H * kKvDim);
+  const size_t n = size_t(T) * H * kKvDim;
+  const float* q = ws.q.data();
+  float* o = sized(ws.o, n);
   if (opt_.profile == Profile::kExact) {
-    sparse_attention_exact_cpu(p, q.data(), o.data());
+    sparse_attention_exact_cpu(p, q, o);
     return;
   }
   // Production: q and o are bf16 values; the kernel interface carries their bits.
-  std::vector<uint16_t> qb(q.size()), ob(o.size());
-  for (size_t i = 0; i < q.size(); ++i) qb[i] = bf16_bits(q[i]);
-  p.q = qb.data();
-  p.out = ob.data();
+  uint16_t* qb = sized(ws.q_bits, n);
+  uint16_t* ob = sized(ws.o_bits, n);
+  for (size_t i = 0; i < n; ++i) qb[i] = bf16_bits(q[i]);
+  p.q = qb;
+  p.out = ob;
   sparse_attention_cpu(p);
-  for (size_t i = 0; i < o.size(); ++i) o[i] = bf16_to_float(ob[i]);
+  for (size_t i = 0; i < n; ++i) o[i] = bf16_to_float(ob[i]);
 }
 
-void CpuLayer::project_out(const StepView& s, std::vector<float>& o, float* y) const {
+void CpuLayer::project_out(const StepView& s, CpuScratch& ws, float* y) const {
   const int T = s.dims.tokens, H = config_.num_heads, G = config_.o_groups, r = config_.o_lora_rank;
   const bool prod = opt_.profile == Profile::kProduction;
 #pragma omp parallel for
   for (int t = 0; t < T; ++t) {
     for (int h = 0; h < H; ++h) {
-      float* oh = o.data() + (size_t(t) * H + h) * kKvDim + kNopeDim;
+      float* oh = ws.o.data() + (size_t(t) * H + h) * kKvDim + kNopeDim;
       rope_.apply(oh, s.positions[t], true);
       if (prod) round_bf16(oh, kRopeDim);
     }
   }
   // Group g's heads are contiguous: its input is a [T, H/G * 512] column block of o.
   const int group_in = H / G * kKvDim;
-  std::vector<float> u(size_t(T) * G * r);
+  float* u = sized(ws.u, size_t(T) * G * r);
   for (int g = 0; g < G; ++g)
-    wo_a_[size_t(g)].forward(o.data() + size_t(g) * group_in, H * kKvDim, T, u.data() + size_t(g) * r, G * r,
+    wo_a_[size_t(g)].forward(ws.o.data() + size_t(g) * group_in, H * kKvDim, T, u + size_t(g) * r, G * r,
                              opt_.profile);
-  wo_b_.forward(u.data(), T, y, opt_.profile);
+  wo_b_.forward(u, T, y, opt_.profile, &ws.xq);
 }
 
-void CpuLayer::forward(const StepView& s, const LayerCaches& c, const float* x, float* y,
+void CpuLayer::forward(const StepView& s, const LayerCaches& c, const float* x, float* y, CpuScratch& ws,
                        LayerCapture* capture) const {
   if (s.dims.tokens == 0) return;
-  std::vector<float> cq, q, o;
-  project_q(s, x, cq, q);
-  insert_kv(s, c, x, capture);
-  compress(s, c, x, capture);
+  project_q(s, x, ws);
+  insert_kv(s, c, x, ws, capture);
+  compress(s, c, x, ws, capture);
   std::vector<std::vector<int32_t>> picks;
-  if (indexer_) picks = indexer_->select(s, x, cq.data(), c.index_keys);
-  attend(s, c, q, picks, o);
+  if (indexer_) picks = indexer_->select(s, x, ws.cq.data(), c.index_keys, ws);
+  attend(s, c, picks, ws);
   if (capture) {
-    capture->q = q;
+    capture->q = ws.q;  // sized to this step
     capture->topk = picks;
-    capture->attn = o;
+    capture->attn = ws.o;
   }
-  project_out(s, o, y);
+  project_out(s, ws, y);
 }
 
 }  // namespace dsv4

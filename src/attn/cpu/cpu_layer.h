@@ -11,6 +11,7 @@
 #include "attn/cpu/compressor.h"
 #include "attn/cpu/indexer.h"
 #include "attn/cpu/linear.h"
+#include "attn/cpu/scratch.h"
 #include "cache/entries.h"
 #include "numerics/rope.h"
 #include "step/step_layout.h"
@@ -28,20 +29,25 @@ class CpuLayer {
   // `weights` must outlive the layer.
   CpuLayer(const ModelConfig& config, const LayerWeights& weights, const BackendOptions& options);
 
-  // x, y: [T, D]. Writes this step's entries into the layer's caches.
-  void forward(const StepView& s, const LayerCaches& caches, const float* x, float* y,
+  // x, y: [T, D]. Writes this step's entries into the layer's caches; its
+  // activations live in `ws`, the backend's buffers shared by every layer.
+  void forward(const StepView& s, const LayerCaches& caches, const float* x, float* y, CpuScratch& ws,
                LayerCapture* capture = nullptr) const;
 
  private:
-  void project_q(const StepView& s, const float* x, std::vector<float>& cq, std::vector<float>& q) const;
-  void insert_kv(const StepView& s, const LayerCaches& c, const float* x, LayerCapture* capture) const;
-  void compress(const StepView& s, const LayerCaches& c, const float* x, LayerCapture* capture) const;
+  // ws.cq, ws.q: the normalized q latent [T, q_lora] and the heads [T, H, 512].
+  void project_q(const StepView& s, const float* x, CpuScratch& ws) const;
+  void insert_kv(const StepView& s, const LayerCaches& c, const float* x, CpuScratch& ws,
+                 LayerCapture* capture) const;
+  void compress(const StepView& s, const LayerCaches& c, const float* x, CpuScratch& ws,
+                LayerCapture* capture) const;
   // The compressed entries each token attends, as global slots [T, width].
   int extra_list(const StepView& s, const std::vector<std::vector<int32_t>>& picks, std::vector<int32_t>& indices,
                  std::vector<int32_t>& lengths) const;
-  void attend(const StepView& s, const LayerCaches& c, const std::vector<float>& q,
-              const std::vector<std::vector<int32_t>>& picks, std::vector<float>& o) const;
-  void project_out(const StepView& s, std::vector<float>& o, float* y) const;
+  // ws.q to ws.o [T, H, 512].
+  void attend(const StepView& s, const LayerCaches& c, const std::vector<std::vector<int32_t>>& picks,
+              CpuScratch& ws) const;
+  void project_out(const StepView& s, CpuScratch& ws, float* y) const;
 
   const ModelConfig& config_;
   const LayerWeights& w_;

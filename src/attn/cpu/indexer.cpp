@@ -31,20 +31,20 @@ IndexerOp::IndexerOp(const IndexerWeights& w, const ModelConfig& config, Profile
       weights_proj_(&w.weights_proj, LinearMode::kBf16, cache_weights) {}
 
 std::vector<std::vector<int32_t>> IndexerOp::select(const StepView& s, const float* x, const float* cq,
-                                                    const EntryArena& keys) const {
-  if (profile_ == Profile::kProduction) return select_production(s, x, cq, keys);
+                                                    const EntryArena& keys, CpuScratch& ws) const {
+  if (profile_ == Profile::kProduction) return select_production(s, x, cq, keys, ws);
   return select_exact(s, x, cq, keys);
 }
 
 std::vector<std::vector<int32_t>> IndexerOp::select_production(const StepView& s, const float* x, const float* cq,
-                                                               const EntryArena& keys) const {
+                                                               const EntryArena& keys, CpuScratch& ws) const {
   const int T = s.dims.tokens, nI = config_.index_n_heads, k = config_.index_topk;
   DSV4_REQUIRE(keys.pages.page_stride == index_key_page_stride(key_format_, keys.pages.entries_per_page),
                "indexer: production numerics need indexer key pages in the " +
                    std::string(index_key_format_name(key_format_)) + " format");
   // The linears (outputs rounded to bf16), then op 1.
   std::vector<float> q(size_t(T) * nI * kIndexDim), proj(size_t(T) * nI);
-  wq_b_.forward(cq, T, q.data(), profile_);
+  wq_b_.forward(cq, T, q.data(), profile_, &ws.xq);
   weights_proj_.forward(x, T, proj.data(), profile_);
   std::vector<uint16_t> q_bits(q.size());
   for (size_t i = 0; i < q.size(); ++i) q_bits[i] = bf16_bits(q[i]);

@@ -13,6 +13,7 @@
 
 #include "attn/cpu/indexer_twin.h"
 #include "attn/cpu/linear.h"
+#include "attn/cpu/scratch.h"
 #include "attn/indexer_params.h"
 #include "cache/index_key_format.h"
 #include "cache/entries.h"
@@ -33,12 +34,13 @@ class IndexerOp {
   // x: [T, D] layer input; cq: [T, q_lora] normalized query latent. The keys
   // of every visible slot must already be in `keys`. Returns, per token, the
   // request-local slots picked (best first).
+  // `ws`: the backend's reused buffers (its FP8 product's input).
   std::vector<std::vector<int32_t>> select(const StepView& s, const float* x, const float* cq,
-                                           const EntryArena& keys) const;
+                                           const EntryArena& keys, CpuScratch& ws) const;
 
  private:
   std::vector<std::vector<int32_t>> select_production(const StepView& s, const float* x, const float* cq,
-                                                      const EntryArena& keys) const;
+                                                      const EntryArena& keys, CpuScratch& ws) const;
   std::vector<std::vector<int32_t>> select_exact(const StepView& s, const float* x, const float* cq,
                                                  const EntryArena& keys) const;
   // Exact profile: float32 queries [T, nI, 128] and head weights [T, nI].

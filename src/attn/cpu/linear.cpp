@@ -1,5 +1,6 @@
 #include "attn/cpu/linear.h"
 
+#include "attn/cpu/scratch.h"
 #include "attn/cpu/sgemm.h"
 
 #include <algorithm>
@@ -39,7 +40,8 @@ void Linear::gemm(const float* x, int ldx, int tokens, float* y, int ldy) const 
   }
 }
 
-void Linear::forward(const float* x, int ldx, int tokens, float* y, int ldy, Profile p) const {
+void Linear::forward(const float* x, int ldx, int tokens, float* y, int ldy, Profile p,
+                     std::vector<float>* xq_buffer) const {
   if (tokens == 0) return;
   const size_t k = size_t(w_->cols), n = size_t(rows_);
   if (p == Profile::kExact || mode_ == LinearMode::kF32) {
@@ -49,13 +51,14 @@ void Linear::forward(const float* x, int ldx, int tokens, float* y, int ldy, Pro
   if (mode_ == LinearMode::kFp8) {
     // The activation is quantized per token in 128-wide blocks (SPEC §5); the
     // quantized values times their scales are exact in float32.
-    std::vector<float> xq(size_t(tokens) * k);
+    std::vector<float> own;
+    float* xq = sized(xq_buffer ? *xq_buffer : own, size_t(tokens) * k);
 #pragma omp parallel for
     for (int t = 0; t < tokens; ++t) {
-      std::memcpy(xq.data() + size_t(t) * k, x + size_t(t) * size_t(ldx), k * sizeof(float));
-      fake_quant_e4m3(xq.data() + size_t(t) * k, k, kGemmQuantBlock);
+      std::memcpy(xq + size_t(t) * k, x + size_t(t) * size_t(ldx), k * sizeof(float));
+      fake_quant_e4m3(xq + size_t(t) * k, k, kGemmQuantBlock);
     }
-    gemm(xq.data(), int(k), tokens, y, ldy);
+    gemm(xq, int(k), tokens, y, ldy);
   } else {
     gemm(x, ldx, tokens, y, ldy);
   }

@@ -22,11 +22,14 @@ class Linear {
   // 4 bytes per element); otherwise dequantize 256-row panels on every call.
   Linear(const WeightMatrix* w, LinearMode mode, bool cache_weights, int64_t row0 = 0, int64_t rows = -1);
 
-  void forward(const float* x, int tokens, float* y, Profile p) const {
-    forward(x, int(in_features()), tokens, y, int(out_features()), p);
+  // `xq`: where the production FP8 product puts its quantized input (a
+  // backend's reused buffer, CpuScratch::xq); null: a vector of its own.
+  void forward(const float* x, int tokens, float* y, Profile p, std::vector<float>* xq = nullptr) const {
+    forward(x, int(in_features()), tokens, y, int(out_features()), p, xq);
   }
   // Strided form: row t of x starts at x + t * ldx, row t of y at y + t * ldy.
-  void forward(const float* x, int ldx, int tokens, float* y, int ldy, Profile p) const;
+  void forward(const float* x, int ldx, int tokens, float* y, int ldy, Profile p,
+               std::vector<float>* xq = nullptr) const;
   int64_t in_features() const { return w_->cols; }
   int64_t out_features() const { return rows_; }
 
