@@ -252,6 +252,17 @@ TEST(Cli, ACacheTooSmallForTheWorkloadServesItInTurn) {
   EXPECT_TRUE(has(tiny, "(no other request holds cache pages: it cannot fit)")) << tiny.out;
 }
 
+// --gpu-memory on a CPU run sizes nothing: the run goes on and says so.
+TEST(Cli, AMemoryOptionForTheOtherDeviceIsNoted) {
+  const std::string run = "run --preset mini --device cpu --requests 1 --prompt 8 --gen 1";
+  const Result noted = cli(run + " --gpu-memory 0.5");
+  EXPECT_EQ(noted.status, 0) << noted.out;
+  EXPECT_TRUE(has(noted, "note: --gpu-memory is for --device cuda; this run is on the CPU")) << noted.out;
+  const Result quiet = cli(run + " --cache-memory 64M");
+  EXPECT_EQ(quiet.status, 0) << quiet.out;
+  EXPECT_FALSE(has(quiet, "note:")) << quiet.out;
+}
+
 TEST(Cli, NonFiniteWeightsAreReportedAndNonFiniteRunsFail) {
   dsv4::test::TempDir dir;
   make_checkpoint(dir / "ckpt", "mini-fp8", [](std::vector<OwnedTensor>& ts) {

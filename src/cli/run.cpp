@@ -28,7 +28,19 @@ struct RunArgs {
   uint64_t seed = 0;
   int requests = 8, prompt = 512, gen = 32, budget = 512, max_running = 8;
   double weight_cache_gib = 4;
+  bool gpu_memory_given = false, cache_memory_given = false;
 };
+
+// A memory option for the other device is left unused; say so, since a
+// user who sized the caches expects the size to hold.
+void note_unused_memory_option(const RunArgs& a, Device d) {
+  if (d == Device::kCpu && a.gpu_memory_given)
+    std::fprintf(stderr, "note: --gpu-memory is for --device cuda; this run is on the CPU, where --cache-memory caps "
+                         "the caches\n");
+  if (d == Device::kCuda && a.cache_memory_given)
+    std::fprintf(stderr, "note: --cache-memory is for --device cpu; on the GPU the caches take what --gpu-memory "
+                         "leaves after the weights and workspaces\n");
+}
 
 ModelConfig pick_config(const RunArgs& a) {
   if (!a.config.empty()) return load_config(a.config);
@@ -210,6 +222,7 @@ void run_main(const RunArgs& a) {
   eo.device = parse_device(a.device);
   eo.gpu_memory = gpu_memory(a.gpu_memory);
   eo.cache_bytes = a.cache_memory.empty() ? default_cache_bytes() : parse_size(a.cache_memory);
+  note_unused_memory_option(a, eo.device);
   eo.profile = parse_profile(a.profile);
   eo.index_keys = parse_index_key_format(a.index_keys);
   if (eo.profile == Profile::kProduction) check_production_dims(c);
@@ -277,14 +290,18 @@ void register_run(CLI::App& app) {
   cmd->add_option("--json", a->json, "also write the report as JSON to FILE ('-': stdout); checked before the run");
   cmd->add_option("--device", a->device, "cpu, cuda, or auto (default: the GPU where there is one)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  cmd->add_option("--gpu-memory", a->gpu_memory,
+  auto* gpu_memory = cmd->add_option("--gpu-memory", a->gpu_memory,
                   "cuda: device memory for weights, workspaces and caches: a fraction of the free memory "
                   "(default 0.9) or a size (e.g. 80G)");
-  cmd->add_option("--cache-memory", a->cache_memory,
+  auto* cache_memory = cmd->add_option("--cache-memory", a->cache_memory,
                   "cpu: limit of the host cache pages in use (default: half the machine's memory); when it is "
                   "reached, runs wait and the youngest request is preempted and computed again later")
       ->check(memory_size());
-  cmd->callback([a] { run_main(*a); });
+  cmd->callback([a, gpu_memory, cache_memory] {
+    a->gpu_memory_given = gpu_memory->count() > 0;
+    a->cache_memory_given = cache_memory->count() > 0;
+    run_main(*a);
+  });
 }
 
 }  // namespace dsv4::cli
