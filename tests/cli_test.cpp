@@ -121,18 +121,20 @@ TEST(Cli, VerifyPassesAndFails) {
 
 TEST(Cli, RunSmallWorkloadWithJson) {
   const std::string json = std::string(DSV4_BINARY_DIR) + "/cli_test_run.json";
-  const Result r = cli("run --preset mini --requests 3 --prompt 300 --gen 4 --budget 128 --json " + json);
+  const Result r = cli("run --preset mini --device cpu --requests 3 --prompt 300 --gen 4 --budget 128 --json " + json);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(has(r, "finished 3 requests, 0 rejected")) << r.out;
   EXPECT_TRUE(has(r, "tokens/s")) << r.out;
-  FILE* f = fopen(json.c_str(), "r");
-  ASSERT_NE(f, nullptr);
-  std::string text(4096, '\0');
-  text.resize(fread(text.data(), 1, text.size(), f));
-  fclose(f);
-  EXPECT_NE(text.find("\"decode\""), std::string::npos);
-  EXPECT_NE(text.find("\"peak_cache_bytes\""), std::string::npos);
-  EXPECT_NE(text.find("\"c4a_state\""), std::string::npos);  // per cache group
+  std::ifstream in(json);
+  ASSERT_TRUE(in.good());
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_TRUE(j.contains("decode"));
+  EXPECT_TRUE(j.contains("peak_cache_bytes"));
+  EXPECT_TRUE(j.at("peak_cache_bytes_by_group").contains("c4a_state"));  // per cache group
+  // The memory line's figures (the CPU's float32 copies among them, by default).
+  const nlohmann::json& m = j.at("memory_bytes");
+  for (const char* k : {"weights", "weight_copies", "caches", "workspace"}) EXPECT_GT(m.at(k).get<int64_t>(), 0) << k;
+  EXPECT_EQ(j.at("device"), "cpu");
   EXPECT_TRUE(has(r, "by cache: compressed entries + indexer keys")) << r.out;
 }
 
@@ -261,6 +263,19 @@ TEST(Cli, AMemoryOptionForTheOtherDeviceIsNoted) {
   const Result quiet = cli(run + " --cache-memory 64M");
   EXPECT_EQ(quiet.status, 0) << quiet.out;
   EXPECT_FALSE(has(quiet, "note:")) << quiet.out;
+}
+
+// The CPU backend's float32 weight copies (4 bytes an element) are memory the
+// run holds: the memory line counts them, and drops them with the copies.
+TEST(Cli, TheMemoryLineCountsTheFloat32WeightCopies) {
+  const std::string run = "run --preset mini --device cpu --requests 1 --prompt 8 --gen 1";
+  const Result copies = cli(run);
+  EXPECT_EQ(copies.status, 0) << copies.out;
+  EXPECT_TRUE(has(copies, " MiB of float32 copies, caches ")) << copies.out;
+  const Result none = cli(run + " --weight-cache-gib 0");
+  EXPECT_EQ(none.status, 0) << none.out;
+  EXPECT_TRUE(has(none, "host memory: weights ")) << none.out;
+  EXPECT_FALSE(has(none, "float32 copies,")) << none.out;
 }
 
 TEST(Cli, NonFiniteWeightsAreReportedAndNonFiniteRunsFail) {

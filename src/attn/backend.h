@@ -45,6 +45,7 @@ struct BackendOptions {
 // Device memory a backend holds, in bytes (host memory for the CPU backend).
 struct BackendMemory {
   int64_t weights = 0, caches = 0, workspace = 0;
+  int64_t weight_copies = 0;  // the CPU backend's float32 copies of its weights (BackendOptions::cache_weights)
 };
 
 class AttentionBackend {

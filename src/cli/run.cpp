@@ -74,9 +74,13 @@ std::vector<WorkloadRequest> make_workload(const RunArgs& a) {
   return reqs;
 }
 
-nlohmann::json report_json(const WorkloadReport& r, const ModelConfig& c, const RunArgs& a) {
+nlohmann::json report_json(const WorkloadReport& r, const ModelConfig& c, const RunArgs& a, const Engine& e) {
   nlohmann::json j;
   j["config"] = c.name;
+  j["device"] = device_name(e.options().device);
+  const BackendMemory m = const_cast<Engine&>(e).backend().memory();
+  j["memory_bytes"] = {{"weights", m.weights}, {"weight_copies", m.weight_copies}, {"caches", m.caches},
+                       {"workspace", m.workspace}};
   j["profile"] = a.profile;
   j["index_keys"] = a.index_keys;
   j["requests"] = a.requests;
@@ -207,8 +211,10 @@ std::string size_text(int64_t bytes) {
 
 void print_memory(const Engine& e) {
   const BackendMemory m = const_cast<Engine&>(e).backend().memory();
-  std::printf("%s memory: weights %s, caches %s, workspace %s", e.options().device == Device::kCuda ? "device" : "host",
-              size_text(m.weights).c_str(), size_text(m.caches).c_str(), size_text(m.workspace).c_str());
+  std::printf("%s memory: weights %s", e.options().device == Device::kCuda ? "device" : "host",
+              size_text(m.weights).c_str());
+  if (m.weight_copies > 0) std::printf(" + %s of float32 copies", size_text(m.weight_copies).c_str());
+  std::printf(", caches %s, workspace %s", size_text(m.caches).c_str(), size_text(m.workspace).c_str());
   if (e.options().device == Device::kCuda)
     std::printf("; the caches admit %lld tokens of compressed context over %lld requests",
                 (long long)e.blocks().limits().context_tokens(e.cache_spec()), (long long)e.options().workload.max_requests);
@@ -252,7 +258,7 @@ void run_main(const RunArgs& a) {
   if (tty) std::fprintf(stderr, "\n");
   print_report(r, c);
   print_memory(*engine);
-  json.write(report_json(r, c, a).dump(2) + "\n");
+  json.write(report_json(r, c, a, *engine).dump(2) + "\n");
   // A run that served nothing, or served NaN, did not do its job.
   DSV4_REQUIRE(r.finished > 0, "every request was rejected (" + std::to_string(r.errors.size()) + " rejected" +
                               (r.errors.empty() ? ")" : "; the first: " + r.errors.front() + ")"));

@@ -36,6 +36,7 @@ class CompressorOp {
 
   // Returns the tokens (step-local indices) that completed an entry.
   std::vector<int> forward(const StepView& s, const float* x, const CompressorIo& io, CpuScratch& ws) const;
+  int64_t copy_bytes() const { return wkv_.copy_bytes() + wgate_.copy_bytes(); }
 
  private:
   const CompressorWeights& w_;

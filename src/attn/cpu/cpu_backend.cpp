@@ -19,6 +19,7 @@ class CpuBackend final : public AttentionBackend {
       : config_(config), spec_(spec), opt_(options), storage_(spec) {
     for (const LayerWeights& w : weights) layers_.push_back(std::make_unique<CpuLayer>(config_, w, options));
     for (const LayerWeights& w : weights) weight_bytes_ += stored_bytes(w);
+    for (const auto& l : layers_) copy_bytes_ += l->weight_copy_bytes();
   }
 
   std::string_view name() const override { return "cpu"; }
@@ -74,7 +75,7 @@ class CpuBackend final : public AttentionBackend {
 
   BackendMemory memory() const override {
     return BackendMemory{weight_bytes_, storage_.bytes_allocated(),
-                         int64_t((h_.size() + x_.size() + y_.size()) * sizeof(float)) + scratch_.bytes()};
+                         int64_t((h_.size() + x_.size() + y_.size()) * sizeof(float)) + scratch_.bytes(), copy_bytes_};
   }
 
  private:
@@ -103,7 +104,7 @@ class CpuBackend final : public AttentionBackend {
   std::vector<float> h_, x_, y_;
   CpuScratch scratch_;  // every layer's activations, reused (attn/cpu/scratch.h)
   std::vector<double> seconds_;
-  int64_t weight_bytes_ = 0;
+  int64_t weight_bytes_ = 0, copy_bytes_ = 0;
 };
 
 }  // namespace

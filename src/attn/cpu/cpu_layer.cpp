@@ -35,6 +35,14 @@ CpuLayer::CpuLayer(const ModelConfig& config, const LayerWeights& weights, const
   }
 }
 
+int64_t CpuLayer::weight_copy_bytes() const {
+  int64_t b = wq_a_.copy_bytes() + wq_b_.copy_bytes() + wkv_.copy_bytes() + wo_b_.copy_bytes();
+  for (const Linear& l : wo_a_) b += l.copy_bytes();
+  if (compressor_) b += compressor_->copy_bytes();
+  if (index_compressor_) b += index_compressor_->copy_bytes() + indexer_->copy_bytes();
+  return b;
+}
+
 void CpuLayer::project_q(const StepView& s, const float* x, CpuScratch& ws) const {
   const int T = s.dims.tokens, H = config_.num_heads, R = config_.q_lora_rank;
   const bool prod = opt_.profile == Profile::kProduction;

@@ -33,6 +33,8 @@ class CpuLayer {
   // activations live in `ws`, the backend's buffers shared by every layer.
   void forward(const StepView& s, const LayerCaches& caches, const float* x, float* y, CpuScratch& ws,
                LayerCapture* capture = nullptr) const;
+  // Bytes of the float32 weight copies its ops keep (BackendOptions::cache_weights).
+  int64_t weight_copy_bytes() const;
 
  private:
   // ws.cq, ws.q: the normalized q latent [T, q_lora] and the heads [T, H, 512].

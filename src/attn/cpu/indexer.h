@@ -37,6 +37,7 @@ class IndexerOp {
   // `ws`: the backend's reused buffers (its FP8 product's input).
   std::vector<std::vector<int32_t>> select(const StepView& s, const float* x, const float* cq,
                                            const EntryArena& keys, CpuScratch& ws) const;
+  int64_t copy_bytes() const { return wq_b_.copy_bytes() + weights_proj_.copy_bytes(); }
 
  private:
   std::vector<std::vector<int32_t>> select_production(const StepView& s, const float* x, const float* cq,

@@ -31,6 +31,7 @@ class Linear {
   void forward(const float* x, int ldx, int tokens, float* y, int ldy, Profile p,
                std::vector<float>* xq = nullptr) const;
   int64_t in_features() const { return w_->cols; }
+  int64_t copy_bytes() const { return int64_t(dense_.size() * sizeof(float)); }  // the float32 copy, if kept
   int64_t out_features() const { return rows_; }
 
  private:
