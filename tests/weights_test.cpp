@@ -235,6 +235,30 @@ TEST(LoadLayerWeights, MiniFp8) {
   }
 }
 
+// dequantize_rows decodes through a table: every one of the 256 codes (NaNs
+// too), a scale per 128 x 128 block with partial blocks on both edges, and a
+// first row inside a block, against e4m3_to_float times the block's scale.
+TEST(WeightMatrix, DequantizeRowsDecodesEveryCodeWithItsBlockScale) {
+  WeightMatrix m;
+  m.name = "m";
+  m.rows = 300, m.cols = 333;
+  m.dtype = DType::kF8E4M3;
+  m.owned.resize(size_t(m.rows * m.cols));
+  for (size_t i = 0; i < m.owned.size(); ++i) m.owned[i] = uint8_t(i * 7 % 256);
+  m.data = m.owned;
+  for (int64_t b = 0; b < 3 * m.scale_cols(); ++b) m.block_scales.push_back(std::ldexp(1.0f, int(b % 9) - 4));
+  const int64_t r0 = 5, n = m.rows - r0;
+  std::vector<float> out(size_t(n * m.cols));
+  m.dequantize_rows(r0, n, out.data());
+  for (int64_t r = r0; r < m.rows; ++r)
+    for (int64_t c = 0; c < m.cols; ++c) {
+      const float want = e4m3_to_float(m.owned[size_t(r * m.cols + c)]) *
+                         m.block_scales[size_t((r / 128) * m.scale_cols() + c / 128)];
+      const float got = out[size_t((r - r0) * m.cols + c)];
+      ASSERT_TRUE(std::isnan(want) ? std::isnan(got) : got == want) << "row " << r << ", column " << c;
+    }
+}
+
 // ---- load errors on edited copies ------------------------------------------------------------
 
 TEST(LoadErrors, WrongDtype) {
