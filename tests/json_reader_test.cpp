@@ -10,6 +10,7 @@
 #include <string>
 
 #include "support/error_of.h"
+#include "support/timing.h"
 
 namespace dsv4 {
 namespace {
@@ -89,28 +90,23 @@ TEST(JsonReader, ExactIntegers) {
   EXPECT_MENTIONS(error(value("7"), -10, -1), "is out of range [-10, -1]");
 }
 
-// Seconds to parse an object of n small objects: the shape of a safetensors header.
-double seconds_to_parse(int n) {
+// An object of n small objects: the shape of a safetensors header.
+std::string many_objects(int n) {
   std::string text = "{";
   for (int i = 0; i < n; ++i) {
     if (i) text.push_back(',');
     text.append("\"layers.").append(std::to_string(i)).append(".w\":{\"dtype\":\"U8\",\"shape\":[1]}");
   }
-  text += "}";
-  double best = 1e9;
-  for (int rep = 0; rep < 3; ++rep) {  // the fastest of three: the least disturbed
-    const auto t0 = std::chrono::steady_clock::now();
-    const json j = parse_json_text(text, "t.json");
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    EXPECT_EQ(j.size(), size_t(n));
-  }
-  return best;
+  return text + "}";
 }
 
 TEST(JsonReader, TimeIsLinearInTheNumberOfEntries) {
   // 8x the entries: ~8x the time when linear (n log n for the map), 64x when
   // each entry rescans its parent, as nlohmann's callback parser does.
-  const double small = seconds_to_parse(10000), large = seconds_to_parse(80000);
+  const std::string small_text = many_objects(10000), large_text = many_objects(80000);
+  const auto parse = [](const std::string& text, size_t n) { EXPECT_EQ(parse_json_text(text, "t.json").size(), n); };
+  const auto [small, large] =
+      dsv4::test::fastest_in_turn([&] { parse(small_text, 10000); }, [&] { parse(large_text, 80000); });
   EXPECT_LT(large, 24 * small) << "10k entries: " << small << " s, 80k entries: " << large << " s";
 }
 

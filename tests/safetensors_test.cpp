@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "support/error_of.h"
 #include "support/temp_dir.h"
+#include "support/timing.h"
 
 namespace dsv4 {
 namespace {
@@ -319,21 +320,9 @@ TEST(SafetensorsLarge, EightyThousandEntriesParseAndResolve) {
 TEST(SafetensorsLarge, ParseTimeIsLinear) {
   // 8x the entries: ~8x the time (n log n for the maps); the callback parser
   // this replaced rescanned the header object per entry (64x, minutes at 80k).
-  // The two sizes are timed in turn and each keeps its best of five, so that
-  // a busy spell of the machine (ctest -j2, a build beside it) slows both or
-  // neither: timed one after the other, a spell over the large one's three
-  // runs once failed the bound (26.7x).
   const Bytes small_image = many_tensors(10000), large_image = many_tensors(80000);
-  auto seconds = [](const Bytes& image) {
-    const auto t0 = std::chrono::steady_clock::now();
-    SafetensorsFile::parse(image, "big.safetensors");
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  double small = 1e9, large = 1e9;
-  for (int rep = 0; rep < 5; ++rep) {
-    small = std::min(small, seconds(small_image));
-    large = std::min(large, seconds(large_image));
-  }
+  const auto [small, large] = dsv4::test::fastest_in_turn([&] { SafetensorsFile::parse(small_image, "big.safetensors"); },
+                                                          [&] { SafetensorsFile::parse(large_image, "big.safetensors"); });
   EXPECT_LT(large, 24 * small) << "10k entries: " << small << " s, 80k entries: " << large << " s";
 }
 
