@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/huge_pages.h"
 #include "numerics/bf16.h"
 #include "numerics/e4m3.h"
 #include "numerics/ue8m0.h"
@@ -257,6 +259,18 @@ TEST(WeightMatrix, DequantizeRowsDecodesEveryCodeWithItsBlockScale) {
       const float got = out[size_t((r - r0) * m.cols + c)];
       ASSERT_TRUE(std::isnan(want) ? std::isnan(got) : got == want) << "row " << r << ", column " << c;
     }
+}
+
+// The weights' buffers are sized through resize_on_huge_pages (a hint to the
+// kernel, then a plain resize): below and above the size it advises from,
+// every element is there and zero, as after resize.
+TEST(WeightMatrix, BuffersOnHugePagesAreZeroedLikeResize) {
+  for (const size_t n : {size_t(1000), size_t(9) << 20}) {
+    std::vector<uint8_t> v;
+    resize_on_huge_pages(v, n);
+    ASSERT_EQ(v.size(), n);
+    EXPECT_EQ(std::count(v.begin(), v.end(), uint8_t(0)), std::ptrdiff_t(n));
+  }
 }
 
 // ---- load errors on edited copies ------------------------------------------------------------

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/hash.h"
+#include "common/huge_pages.h"
 #include "numerics/bf16.h"
 #include "numerics/e4m3.h"
 #include "numerics/quant.h"
@@ -225,7 +226,7 @@ WeightMatrix fp8_shell(std::string name, int64_t rows, int64_t cols) {
   m.name = std::move(name);
   m.rows = rows, m.cols = cols;
   m.dtype = DType::kF8E4M3;
-  m.owned.resize(size_t(rows * cols));
+  resize_on_huge_pages(m.owned, size_t(rows * cols));
   m.block_scales.resize(size_t(((rows + kBlock - 1) / kBlock) * m.scale_cols()));
   m.data = m.owned;
   return m;
@@ -245,7 +246,7 @@ class RandomSource : public TensorSource {
     m.name = spec.name;
     m.rows = rows, m.cols = cols;
     m.dtype = DType::kBF16;
-    m.owned.resize(size_t(rows * cols) * 2);
+    resize_on_huge_pages(m.owned, size_t(rows * cols) * 2);
     uint8_t* out = m.owned.data();
 #pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
     for (int64_t r = 0; r < rows; ++r) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/huge_pages.h"
 #include "numerics/bf16.h"
 #include "numerics/quant.h"
 
@@ -17,7 +18,7 @@ Linear::Linear(const WeightMatrix* w, LinearMode mode, bool cache_weights, int64
   // as the reference does for non-FP8 weights.
   if (mode_ == LinearMode::kFp8 && !w->is_fp8()) mode_ = LinearMode::kBf16;
   if (!cache_weights) return;
-  dense_.resize(size_t(rows_ * w->cols));
+  resize_on_huge_pages(dense_, size_t(rows_ * w->cols));
   w->dequantize_rows(row0_, rows_, dense_.data());
 }
 
