@@ -110,6 +110,26 @@ TEST(Cli, InspectErrorsNameTheProblem) {
   EXPECT_TRUE(has(r, "no config found")) << r.out;
 }
 
+void copy_mini(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit_json,
+               const std::function<void(int, std::vector<OwnedTensor>&)>& edit_tensors = {});
+
+// Without --profile a case replays in its own numerics: exact for the float32
+// `mini` (PASS, where production numerics FAIL it), which the GPU cannot run.
+TEST(Cli, VerifyTakesTheCasesOwnProfile) {
+  const std::string dir = DSV4_GOLDEN_DIR;
+  const Result r = cli("verify " + dir + " mini");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(has(r, "profile exact (the case is float32)")) << r.out;
+  EXPECT_TRUE(has(r, "PASS")) << r.out;
+  expect_user_error(cli("verify " + dir + " mini --device cuda"),
+                    "--device cuda: case mini is float32, replayed in the exact profile, which is CPU-only");
+  expect_user_error(cli("verify " + dir + " mini --profile exact --device cuda"),
+                    "--device cuda: the GPU runs production numerics only; the exact profile is CPU-only");
+  dsv4::test::TempDir bad;
+  copy_mini(bad.path(), [](nlohmann::json& j) { j["precision"] = 32; });
+  expect_user_error(cli("verify " + bad.path().string() + " x"), "x.json: field 'precision' is not a string");
+}
+
 TEST(Cli, VerifyPassesAndFails) {
   Result r = cli(std::string("verify ") + DSV4_GOLDEN_DIR + " mini --profile exact");
   EXPECT_EQ(r.status, 0) << r.out;
@@ -335,7 +355,7 @@ TEST(Cli, InspectNamesWhatAPathIs) {
 
 // Case "x" in `dir`: the mini golden with its JSON and request files as given.
 void copy_mini(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit_json,
-               const std::function<void(int, std::vector<OwnedTensor>&)>& edit_tensors = {}) {
+               const std::function<void(int, std::vector<OwnedTensor>&)>& edit_tensors) {
   std::ifstream in(std::string(DSV4_GOLDEN_DIR) + "/mini.json");
   nlohmann::json j = nlohmann::json::parse(in);
   edit_json(j);

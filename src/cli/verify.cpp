@@ -1,5 +1,7 @@
 // dsv4 verify DIR CASE [--profile exact|production]: replays a golden case
-// (SPEC §10) and reports per layer and call how far each tensor is.
+// (SPEC §10) and reports per layer and call how far each tensor is. Without
+// --profile a case replays in its own numerics: exact where its "precision"
+// is float32 (`mini`), production otherwise (`mini-fp8`).
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -17,7 +19,7 @@ namespace dsv4::cli {
 namespace {
 
 struct VerifyArgs {
-  std::string dir, name, profile = "production", index_keys = "mxfp4", device = "cpu";
+  std::string dir, name, profile, index_keys = "mxfp4", device = "cpu";  // profile: empty = the case's
   int max_chunk = 0;
   bool sequential = false, verbose = false;
 };
@@ -71,16 +73,24 @@ void print_summary(const ReplayResult& r) {
 
 int run_verify(const VerifyArgs& a) {
   const GoldenCase gc = load_golden_case(a.dir, a.name);
+  const bool chosen = !a.profile.empty();
+  const std::string profile = chosen ? a.profile : gc.precision == "float32" ? "exact" : "production";
   ReplayOptions opt;
-  opt.profile = parse_profile(a.profile);
+  opt.profile = parse_profile(profile);
   opt.index_keys = parse_index_key_format(a.index_keys);
   opt.max_chunk = a.max_chunk;
   opt.lockstep = !a.sequential;
-  opt.device = parse_device(a.device);
-  DSV4_REQUIRE(opt.device == Device::kCpu || opt.profile == Profile::kProduction,
-               "--device cuda: the GPU runs production numerics only; the exact profile is CPU-only");
-  std::printf("verify %s (%zu requests), profile %s, indexer keys %s, %s, on %s\n", a.name.c_str(),
-              gc.requests.size(), a.profile.c_str(), a.index_keys.c_str(),
+  // The GPU runs production numerics only: auto picks the CPU for the exact profile.
+  const bool exact = opt.profile == Profile::kExact;
+  DSV4_REQUIRE(!exact || a.device != "cuda",
+               chosen ? "--device cuda: the GPU runs production numerics only; the exact profile is CPU-only"
+                      : "--device cuda: case " + a.name + " is float32, replayed in the exact profile, which is "
+                            "CPU-only (the GPU runs production numerics): replay it on the CPU, or pass --profile "
+                            "production to measure production numerics against it");
+  opt.device = exact ? Device::kCpu : parse_device(a.device);
+  const std::string whose = chosen ? "" : exact ? " (the case is float32)" : " (the default for a case not float32)";
+  std::printf("verify %s (%zu requests), profile %s%s, indexer keys %s, %s, on %s\n", a.name.c_str(),
+              gc.requests.size(), profile.c_str(), whose.c_str(), a.index_keys.c_str(),
               opt.lockstep ? "requests batched in lockstep" : "one request at a time",
               std::string(device_name(opt.device)).c_str());
   const ReplayResult r = replay_golden(gc, opt);
@@ -99,14 +109,15 @@ void register_verify(CLI::App& app) {
   auto a = std::make_shared<VerifyArgs>();
   cmd->add_option("dir", a->dir, "directory of the golden files")->required()->check(CLI::ExistingDirectory);
   cmd->add_option("case", a->name, "case name, e.g. mini or mini-fp8")->required();
-  cmd->add_option("--profile", a->profile, "numerics: exact or production")
+  cmd->add_option("--profile", a->profile,
+                  "numerics: exact or production (default: the case's own, exact for a float32 case such as mini)")
       ->check(CLI::IsMember({"exact", "production"}));
   cmd->add_option("--index-keys", a->index_keys, "indexer key cache format: mxfp4 or fp8")
       ->check(CLI::IsMember({"mxfp4", "fp8"}));
   cmd->add_option("--max-chunk", a->max_chunk, "split calls into runs of at most this many tokens (0: whole calls)")
       ->check(integer_in(0, std::numeric_limits<int32_t>::max()));
   cmd->add_flag("--sequential", a->sequential, "one request per step instead of batching them in lockstep");
-  cmd->add_option("--device", a->device, "cpu (default), cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd->add_option("--device", a->device, "cpu (default), cuda or auto (the GPU where there is one, for production numerics)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   cmd->add_flag("-v,--verbose", a->verbose, "print every (request, call, layer)");
   cmd->callback([a] {
     const int rc = run_verify(*a);

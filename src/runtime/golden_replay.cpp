@@ -67,7 +67,11 @@ GoldenCase load_golden_case(const std::filesystem::path& dir, const std::string&
   DSV4_REQUIRE(requests.is_array(), origin + ": field 'requests' is not an array (got " +
                                    std::string(requests.type_name()) + ")");
   DSV4_REQUIRE(!requests.empty(), origin + ": field 'requests' is empty");
-  GoldenCase gc{name, dir, config_from_json(config, origin + ": config"), {}};
+  GoldenCase gc{name, dir, config_from_json(config, origin + ": config"), {}, {}};
+  if (j.contains("precision")) {
+    DSV4_REQUIRE(j["precision"].is_string(), origin + ": field 'precision' is not a string");
+    gc.precision = j["precision"].get<std::string>();
+  }
   int64_t tokens = 0;
   for (size_t r = 0; r < requests.size(); ++r) {
     const std::string where = origin + ": requests[" + std::to_string(r) + "]";

@@ -25,6 +25,7 @@ struct GoldenCase {
   std::filesystem::path dir;
   ModelConfig config;
   std::vector<std::vector<GoldenCall>> requests;  // calls per request
+  std::string precision;  // the case's "precision" field ("float32" for `mini`), empty when absent
 };
 
 // Reads <dir>/<name>.json; throws Error naming what is missing or malformed
