@@ -119,7 +119,7 @@ TEST(Cli, VerifyTakesTheCasesOwnProfile) {
   const std::string dir = DSV4_GOLDEN_DIR;
   const Result r = cli("verify " + dir + " mini");
   EXPECT_EQ(r.status, 0) << r.out;
-  EXPECT_TRUE(has(r, "profile exact (the case is float32)")) << r.out;
+  EXPECT_TRUE(has(r, "profile exact (the case is float32), float32 caches")) << r.out;
   EXPECT_TRUE(has(r, "PASS")) << r.out;
   expect_user_error(cli("verify " + dir + " mini --device cuda"),
                     "--device cuda: case mini is float32, replayed in the exact profile, which is CPU-only");
@@ -274,12 +274,16 @@ TEST(Cli, ACacheTooSmallForTheWorkloadServesItInTurn) {
   EXPECT_TRUE(has(tiny, "(no other request holds cache pages: it cannot fit)")) << tiny.out;
 }
 
-// --gpu-memory on a CPU run sizes nothing: the run goes on and says so.
-TEST(Cli, AMemoryOptionForTheOtherDeviceIsNoted) {
+// An option the run cannot use (--gpu-memory on the CPU, --index-keys in the
+// exact profile) changes nothing: the run goes on and says so.
+TEST(Cli, AnOptionTheRunCannotUseIsNoted) {
   const std::string run = "run --preset mini --device cpu --requests 1 --prompt 8 --gen 1";
   const Result noted = cli(run + " --gpu-memory 0.5");
   EXPECT_EQ(noted.status, 0) << noted.out;
   EXPECT_TRUE(has(noted, "note: --gpu-memory is for --device cuda; this run is on the CPU")) << noted.out;
+  const Result keys = cli(run + " --profile exact --index-keys fp8");
+  EXPECT_EQ(keys.status, 0) << keys.out;
+  EXPECT_TRUE(has(keys, "note: --index-keys is for production numerics")) << keys.out;
   const Result quiet = cli(run + " --cache-memory 64M");
   EXPECT_EQ(quiet.status, 0) << quiet.out;
   EXPECT_FALSE(has(quiet, "note:")) << quiet.out;

@@ -28,7 +28,7 @@ struct RunArgs {
   uint64_t seed = 0;
   int requests = 8, prompt = 512, gen = 32, budget = 512, max_running = 8;
   double weight_cache_gib = 4;
-  bool gpu_memory_given = false, cache_memory_given = false;
+  bool gpu_memory_given = false, cache_memory_given = false, index_keys_given = false;
 };
 
 // A memory option for the other device is left unused; say so, since a
@@ -82,7 +82,7 @@ nlohmann::json report_json(const WorkloadReport& r, const ModelConfig& c, const 
   j["memory_bytes"] = {{"weights", m.weights}, {"weight_copies", m.weight_copies}, {"caches", m.caches},
                        {"workspace", m.workspace}};
   j["profile"] = a.profile;
-  j["index_keys"] = a.index_keys;
+  j["index_keys"] = a.profile == "exact" ? "float32" : a.index_keys;
   j["requests"] = a.requests;
   j["steps"] = r.steps;
   j["prefill"] = {{"tokens", r.prefill_tokens}, {"seconds", r.prefill_step_seconds},
@@ -231,6 +231,8 @@ void run_main(const RunArgs& a) {
   note_unused_memory_option(a, eo.device);
   eo.profile = parse_profile(a.profile);
   eo.index_keys = parse_index_key_format(a.index_keys);
+  if (eo.profile == Profile::kExact && a.index_keys_given)
+    std::fprintf(stderr, "note: --index-keys is for production numerics; the exact profile keeps float32 indexer keys\n");
   if (eo.profile == Profile::kProduction) check_production_dims(c);
   eo.workload = CacheWorkload{a.max_running, int64_t(a.prompt) + a.gen, a.budget};
   eo.cache_weights = dense_weight_bytes(c) <= a.weight_cache_gib * 1024 * 1024 * 1024;
@@ -289,7 +291,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("--max-running", a->max_running, "requests holding cache at once")->check(integer_in(1, kIntMax));
   cmd->add_option("--profile", a->profile, "numerics: production (default) or exact")
       ->check(CLI::IsMember({"exact", "production"}));
-  cmd->add_option("--index-keys", a->index_keys, "indexer key cache: mxfp4 (default) or fp8")
+  auto* index_keys = cmd->add_option("--index-keys", a->index_keys, "indexer key cache: mxfp4 (default) or fp8")
       ->check(CLI::IsMember({"mxfp4", "fp8"}));
   cmd->add_option("--weight-cache-gib", a->weight_cache_gib, "keep float32 weight copies up to this size")
       ->check(number_at_least(0));
@@ -303,9 +305,10 @@ void register_run(CLI::App& app) {
                   "cpu: limit of the host cache pages in use (default: half the machine's memory); when it is "
                   "reached, runs wait and the youngest request is preempted and computed again later")
       ->check(memory_size());
-  cmd->callback([a, gpu_memory, cache_memory] {
+  cmd->callback([a, gpu_memory, cache_memory, index_keys] {
     a->gpu_memory_given = gpu_memory->count() > 0;
     a->cache_memory_given = cache_memory->count() > 0;
+    a->index_keys_given = index_keys->count() > 0;
     run_main(*a);
   });
 }

@@ -21,7 +21,7 @@ namespace {
 struct VerifyArgs {
   std::string dir, name, profile, index_keys = "mxfp4", device = "cpu";  // profile: empty = the case's
   int max_chunk = 0;
-  bool sequential = false, verbose = false;
+  bool sequential = false, verbose = false, index_keys_given = false;
 };
 
 // One cell: "-" where the golden holds no such tensor, "nan" where a value was
@@ -89,8 +89,11 @@ int run_verify(const VerifyArgs& a) {
                             "production to measure production numerics against it");
   opt.device = exact ? Device::kCpu : parse_device(a.device);
   const std::string whose = chosen ? "" : exact ? " (the case is float32)" : " (the default for a case not float32)";
-  std::printf("verify %s (%zu requests), profile %s%s, indexer keys %s, %s, on %s\n", a.name.c_str(),
-              gc.requests.size(), profile.c_str(), whose.c_str(), a.index_keys.c_str(),
+  if (exact && a.index_keys_given)
+    std::fprintf(stderr, "note: --index-keys is for production numerics; the exact profile keeps float32 indexer keys\n");
+  const std::string caches = exact ? "float32 caches" : "indexer keys " + a.index_keys;
+  std::printf("verify %s (%zu requests), profile %s%s, %s, %s, on %s\n", a.name.c_str(),
+              gc.requests.size(), profile.c_str(), whose.c_str(), caches.c_str(),
               opt.lockstep ? "requests batched in lockstep" : "one request at a time",
               std::string(device_name(opt.device)).c_str());
   const ReplayResult r = replay_golden(gc, opt);
@@ -112,14 +115,15 @@ void register_verify(CLI::App& app) {
   cmd->add_option("--profile", a->profile,
                   "numerics: exact or production (default: the case's own, exact for a float32 case such as mini)")
       ->check(CLI::IsMember({"exact", "production"}));
-  cmd->add_option("--index-keys", a->index_keys, "indexer key cache format: mxfp4 or fp8")
-      ->check(CLI::IsMember({"mxfp4", "fp8"}));
+  auto* index_keys = cmd->add_option("--index-keys", a->index_keys, "indexer key cache format: mxfp4 or fp8")
+                         ->check(CLI::IsMember({"mxfp4", "fp8"}));
   cmd->add_option("--max-chunk", a->max_chunk, "split calls into runs of at most this many tokens (0: whole calls)")
       ->check(integer_in(0, std::numeric_limits<int32_t>::max()));
   cmd->add_flag("--sequential", a->sequential, "one request per step instead of batching them in lockstep");
   cmd->add_option("--device", a->device, "cpu (default), cuda or auto (the GPU where there is one, for production numerics)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   cmd->add_flag("-v,--verbose", a->verbose, "print every (request, call, layer)");
-  cmd->callback([a] {
+  cmd->callback([a, index_keys] {
+    a->index_keys_given = index_keys->count() > 0;
     const int rc = run_verify(*a);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
