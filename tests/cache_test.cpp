@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <utility>
 
 #include "cache/block_manager.h"
 #include "cache/host_storage.h"
@@ -176,6 +177,37 @@ TEST(BlockManager, LimitsForAHugeWorkloadStayWithin32BitSlots) {
   EXPECT_NO_THROW(BlockManager(spec, l));  // ids cost nothing until used
 }
 
+// A cache arena grows in place (mremap): its bytes survive each growth,
+// bytes never written read as zero, it never shrinks, and its room doubles,
+// so growing page by page remaps O(log n) times.
+TEST(HostArena, GrowsKeepingItsBytesAndZeroFillingTheRest) {
+  HostArena a;
+  EXPECT_EQ(a.size(), 0u);
+  a.grow(1000);
+  ASSERT_NE(a.data(), nullptr);
+  for (size_t i = 0; i < 1000; ++i) {
+    EXPECT_EQ(a[i], 0);
+    a[i] = uint8_t(i * 7 + 1);
+  }
+  size_t remaps = 0, room = a.reserved();
+  for (size_t n = 1000; n <= (size_t(64) << 20); n += 4096 * 37) {  // to 64 MiB in steps of 37 pages
+    a.grow(n);
+    remaps += a.reserved() != room;
+    room = a.reserved();
+    ASSERT_GE(a.reserved(), a.size());
+  }
+  EXPECT_LE(remaps, 16u);
+  for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(a[i], uint8_t(i * 7 + 1)) << i;
+  for (size_t i = 1000; i < a.size(); i += 4093) ASSERT_EQ(a[i], 0) << i;
+  const size_t size = a.size();
+  a.grow(10);  // never shrinks
+  EXPECT_EQ(a.size(), size);
+  HostArena b = std::move(a);
+  EXPECT_EQ(b.size(), size);
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(b[999], uint8_t(999 * 7 + 1));
+}
+
 TEST(HostCacheStorage, GrowsWithThePagesInUseOnly) {
   const ModelConfig config = preset_config("mini");
   const CacheSpec spec(config, CacheFormats{});
@@ -189,4 +221,11 @@ TEST(HostCacheStorage, GrowsWithThePagesInUseOnly) {
   EXPECT_FALSE(storage.pages(0, CacheKind::kCompressed).base);  // layer 0 is SWA-only
   storage.ensure_pages(CacheGroup::kSwa, 2);  // never shrinks
   EXPECT_EQ(storage.pages(0, CacheKind::kSwa).num_pages, 3);
+  // What a page holds survives the arena's growth; new pages are zero.
+  const size_t stride = storage.pages(0, CacheKind::kSwa).page_stride;
+  storage.pages(0, CacheKind::kSwa).base[2 * stride + 5] = 0xab;
+  storage.ensure_pages(CacheGroup::kSwa, 3000);
+  const KvPagesMut grown = storage.pages(0, CacheKind::kSwa);
+  EXPECT_EQ(grown.base[2 * stride + 5], 0xab);
+  EXPECT_EQ(grown.base[2999 * stride + 5], 0);
 }

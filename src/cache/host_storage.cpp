@@ -10,7 +10,7 @@ HostCacheStorage::HostCacheStorage(const CacheSpec& spec)
 void HostCacheStorage::ensure_pages(CacheGroup g, int32_t pages) {
   if (pages <= pages_[size_t(g)]) return;
   for (size_t i = 0; i < arenas_.size(); ++i)
-    if (spec_.arenas()[i].group == g) arenas_[i].resize(size_t(pages) * spec_.arenas()[i].page_stride);
+    if (spec_.arenas()[i].group == g) arenas_[i].grow(size_t(pages) * spec_.arenas()[i].page_stride);
   pages_[size_t(g)] = pages;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cache/cache_spec.h"
+#include "cache/host_arena.h"
 #include "cache/pages.h"
 
 namespace dsv4 {
@@ -27,7 +28,7 @@ class HostCacheStorage {
 
  private:
   const CacheSpec& spec_;
-  std::vector<std::vector<uint8_t>> arenas_;  // one per spec.arenas()
+  std::vector<HostArena> arenas_;  // one per spec.arenas()
   std::vector<int32_t> pages_;                // pages held, per group
 };
 

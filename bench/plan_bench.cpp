@@ -1,0 +1,61 @@
+// The host's share of a decode step: Engine::plan (block tables, slots and
+// lists for every run, SPEC §7) and commit, for B requests at context C. A
+// GPU step's wall time includes it (step_bench times plan + copies + replay
+// + commit); it runs on the CPU backend here, whose cache storage grows as
+// the pages do, so a step that grows it shows in the worst time.
+//   plan_bench [BATCH CONTEXT [STEPS]]   (default 128 65536 300)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "common/error.h"
+#include "runtime/engine.h"
+
+using namespace dsv4;
+
+int main(int argc, char** argv) {
+  const int batch = argc > 1 ? std::atoi(argv[1]) : 128;
+  const int64_t context = argc > 2 ? std::atoll(argv[2]) : 65536;
+  const int steps = argc > 3 ? std::atoi(argv[3]) : 300;
+  if (batch < 1 || context < 1 || steps < 1) {
+    std::fprintf(stderr, "usage: plan_bench [BATCH CONTEXT [STEPS]] (positive numbers)\n");
+    return 1;
+  }
+  // Flash's dimensions, one layer of each type: every cache group, and the
+  // plan does not depend on how many layers share a group.
+  ModelConfig c = preset_config("flash");
+  c.num_layers = 3;
+  c.compress_ratios = {0, 4, 128};
+  EngineOptions eo;
+  eo.device = Device::kCpu;
+  eo.workload = CacheWorkload{batch, context + steps, 1};
+  eo.cache_weights = false;
+  try {
+    auto e = Engine::from_seed(c, 1, eo);
+    for (int b = 0; b < batch; ++b) {
+      e->open_request(b);
+      e->fast_forward(b, context);
+    }
+    std::vector<double> t;
+    for (int k = 0; k < steps; ++k) {
+      std::vector<Run> runs;
+      for (int b = 0; b < batch; ++b) runs.push_back({b, context + k, 1});
+      std::vector<RunError> errors;
+      const auto t0 = std::chrono::steady_clock::now();
+      const StepMetadata s = e->plan(runs, errors);
+      e->commit(s);
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e6);
+      if (!errors.empty()) throw Error(errors[0].message);
+    }
+    double sum = 0;
+    for (double x : t) sum += x;
+    std::sort(t.begin(), t.end());
+    std::printf("plan + commit, %d requests at %lld tokens, %d decode steps: median %.1f us, mean %.1f, worst %.1f\n",
+                batch, (long long)context, steps, t[t.size() / 2], sum / double(steps), t.back());
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "plan_bench: %s\n", ex.what());
+    return 1;
+  }
+}
