@@ -90,4 +90,8 @@ CLI::Validator number_at_least(double lo) {
       "NUMBER >= " + shown(lo));
 }
 
+void note_index_keys_unused_in_exact() {
+  std::fprintf(stderr, "note: --index-keys is for production numerics; the exact profile keeps float32 indexer keys\n");
+}
+
 }  // namespace dsv4::cli

@@ -2,7 +2,7 @@
 // Validators for numeric options that check the text before CLI11 converts
 // it, so that a negative seed, an out-of-range count or a non-number gets a
 // message with readable bounds (CLI11's own ranges print the largest double
-// in full and let some conversions wrap).
+// in full and let some conversions wrap); and a note both run and verify give.
 #include <cstdint>
 
 #include <CLI/CLI.hpp>
@@ -22,5 +22,9 @@ CLI::Validator number_at_least(double lo);
 int64_t parse_size(const std::string& s);
 // The same, as a validator (sizes of at least one byte).
 CLI::Validator memory_size();
+
+// Says on stderr that --index-keys changes nothing in the exact profile
+// (its caches, indexer keys included, are float32).
+void note_index_keys_unused_in_exact();
 
 }  // namespace dsv4::cli

@@ -231,8 +231,7 @@ void run_main(const RunArgs& a) {
   note_unused_memory_option(a, eo.device);
   eo.profile = parse_profile(a.profile);
   eo.index_keys = parse_index_key_format(a.index_keys);
-  if (eo.profile == Profile::kExact && a.index_keys_given)
-    std::fprintf(stderr, "note: --index-keys is for production numerics; the exact profile keeps float32 indexer keys\n");
+  if (eo.profile == Profile::kExact && a.index_keys_given) note_index_keys_unused_in_exact();
   if (eo.profile == Profile::kProduction) check_production_dims(c);
   eo.workload = CacheWorkload{a.max_running, int64_t(a.prompt) + a.gen, a.budget};
   eo.cache_weights = dense_weight_bytes(c) <= a.weight_cache_gib * 1024 * 1024 * 1024;

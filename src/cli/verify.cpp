@@ -89,8 +89,7 @@ int run_verify(const VerifyArgs& a) {
                             "production to measure production numerics against it");
   opt.device = exact ? Device::kCpu : parse_device(a.device);
   const std::string whose = chosen ? "" : exact ? " (the case is float32)" : " (the default for a case not float32)";
-  if (exact && a.index_keys_given)
-    std::fprintf(stderr, "note: --index-keys is for production numerics; the exact profile keeps float32 indexer keys\n");
+  if (exact && a.index_keys_given) note_index_keys_unused_in_exact();
   const std::string caches = exact ? "float32 caches" : "indexer keys " + a.index_keys;
   std::printf("verify %s (%zu requests), profile %s%s, %s, %s, on %s\n", a.name.c_str(),
               gc.requests.size(), profile.c_str(), whose.c_str(), caches.c_str(),
@@ -120,7 +119,8 @@ void register_verify(CLI::App& app) {
   cmd->add_option("--max-chunk", a->max_chunk, "split calls into runs of at most this many tokens (0: whole calls)")
       ->check(integer_in(0, std::numeric_limits<int32_t>::max()));
   cmd->add_flag("--sequential", a->sequential, "one request per step instead of batching them in lockstep");
-  cmd->add_option("--device", a->device, "cpu (default), cuda or auto (the GPU where there is one, for production numerics)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd->add_option("--device", a->device, "cpu (default), cuda or auto (the GPU where there is one, for production numerics)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   cmd->add_flag("-v,--verbose", a->verbose, "print every (request, call, layer)");
   cmd->callback([a, index_keys] {
     a->index_keys_given = index_keys->count() > 0;
