@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
 #include <utility>
 
 #include "cache/block_manager.h"
@@ -175,6 +176,37 @@ TEST(BlockManager, LimitsForAHugeWorkloadStayWithin32BitSlots) {
   for (CacheGroup g : kAllCacheGroups)
     EXPECT_LE(int64_t(l[g]) * spec.group(g).entries_per_page, INT32_MAX) << cache_group_name(g);
   EXPECT_NO_THROW(BlockManager(spec, l));  // ids cost nothing until used
+}
+
+// A memory budget (the device caches' arenas) keeps the workload's SWA and
+// compressor-state pages and gives the compressed groups what is left, a page
+// of each at a time; a budget without room for one such page is refused with
+// the sizes.
+TEST(BlockManager, LimitsForMemoryShareWhatTheFixedGroupsLeave) {
+  const ModelConfig config = preset_config("small");
+  const CacheSpec spec(config, CacheFormats{});
+  const CacheLimits w = CacheLimits::for_workload(spec, 4, 2048, 512);
+  int64_t fixed = 0, per_page = 0;
+  for (CacheGroup g : kAllCacheGroups) {
+    if (g == CacheGroup::kC4A || g == CacheGroup::kC128A) per_page += int64_t(spec.group(g).page_bytes);
+    else fixed += int64_t(w[g]) * spec.group(g).page_bytes;
+  }
+  const CacheLimits l = CacheLimits::for_memory(spec, 4, 2048, 512, fixed + 3 * per_page + per_page / 2);
+  for (CacheGroup g : kAllCacheGroups) {
+    const bool growing = g == CacheGroup::kC4A || g == CacheGroup::kC128A;
+    EXPECT_EQ(l[g], growing ? 3 : w[g]) << cache_group_name(g);
+  }
+  EXPECT_LE(l.bytes(spec), l.max_bytes);
+  EXPECT_EQ(CacheLimits::for_memory(spec, 4, 2048, 512, INT64_MAX / 4).bytes(spec), w.bytes(spec));  // never more
+  try {
+    CacheLimits::for_memory(spec, 4, 2048, 512, fixed + per_page - 1);
+    ADD_FAILURE() << "a budget without a page of compressed entries was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("(" + std::to_string(fixed) + " bytes) and a page of compressed entries (" +
+                                         std::to_string(per_page) + " bytes)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A cache arena grows in place (mremap): its bytes survive each growth,

@@ -45,9 +45,12 @@ CacheLimits CacheLimits::for_memory(const CacheSpec& spec, int64_t max_requests,
     if (g == CacheGroup::kC4A || g == CacheGroup::kC128A) per_page += spec.group(g).used ? pb : 0;
     else fixed += int64_t(l[g]) * pb;
   }
-  DSV4_REQUIRE(fixed < bytes, "cache: " + std::to_string(bytes) + " bytes cannot hold the SWA windows and compressor "
-                                  "state of " + std::to_string(max_requests) + " requests (" + std::to_string(fixed) +
-                                  " bytes); lower the number of requests or the step's tokens");
+  // Room for the fixed part and at least one page of each growing group.
+  DSV4_REQUIRE(fixed + per_page <= bytes,
+               "cache: " + std::to_string(bytes) + " bytes cannot hold the SWA windows and compressor state of " +
+                   std::to_string(max_requests) + " requests (" + std::to_string(fixed) + " bytes) and a page of " +
+                   "compressed entries (" + std::to_string(per_page) + " bytes); give the caches more memory or "
+                   "lower the number of requests or the step's tokens");
   l.max_bytes = bytes;
   if (per_page == 0) return l;
   const int64_t pages = (bytes - fixed) / per_page;
