@@ -123,6 +123,17 @@ __device__ __forceinline__ uint32_t relu_bf16x2(float lo, float hi) {
   return d;
 }
 
+// indexer_finish for two totals by one cvt.rn.bf16x2.f32: adding +0 first turns
+// -0 into +0 (x + 0 is x otherwise); cvt.rn rounds to nearest even as bf16_bits
+// does, infinities included. A NaN total stays a NaN (its payload may differ,
+// and indexer_order_key ranks every NaN alike).
+__device__ __forceinline__ void indexer_finish2(float a, float b, float& ra, float& rb) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(__fadd_rn(b, 0.0f)), "f"(__fadd_rn(a, 0.0f)));
+  ra = bf16x2_lo(d);
+  rb = bf16x2_hi(d);
+}
+
 // An s32 accumulator (|v| < 2^22) as float, exactly, in one of three forms
 // (SASS on sm_90a, checked with cuobjdump in run AP3):
 //  kAluCvt: cvt.rn.f32.s32, one I2FP on the ALU pipe;

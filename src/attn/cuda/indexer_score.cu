@@ -423,8 +423,7 @@ __device__ __forceinline__ void tile_epilogue(const Acc (&acc)[32], const uint32
   p0 = __fadd_rn(p0, __shfl_xor_sync(0xffffffffu, p0, 2));
   p1 = __fadd_rn(p1, __shfl_xor_sync(0xffffffffu, p1, 1));
   p1 = __fadd_rn(p1, __shfl_xor_sync(0xffffffffu, p1, 2));
-  s0 = indexer_finish(p0);
-  s1 = indexer_finish(p1);
+  indexer_finish2(p0, p1, s0, s1);
 }
 
 // The exact scalar path for one tile: the CPU twin's arithmetic per (token,
