@@ -28,18 +28,15 @@ struct RunArgs {
   uint64_t seed = 0;
   int requests = 8, prompt = 512, gen = 32, budget = 512, max_running = 8;
   double weight_cache_gib = 4;
-  bool gpu_memory_given = false, cache_memory_given = false, index_keys_given = false;
+  bool gpu_memory_given = false, index_keys_given = false;
 };
 
-// A memory option for the other device is left unused; say so, since a
-// user who sized the caches expects the size to hold.
+// --gpu-memory on a CPU run is left unused; say so, since a user who sized
+// the device's memory expects the size to hold.
 void note_unused_memory_option(const RunArgs& a, Device d) {
   if (d == Device::kCpu && a.gpu_memory_given)
     std::fprintf(stderr, "note: --gpu-memory is for --device cuda; this run is on the CPU, where --cache-memory caps "
                          "the caches\n");
-  if (d == Device::kCuda && a.cache_memory_given)
-    std::fprintf(stderr, "note: --cache-memory is for --device cpu; on the GPU the caches take what --gpu-memory "
-                         "leaves after the weights and workspaces\n");
 }
 
 ModelConfig pick_config(const RunArgs& a) {
@@ -227,7 +224,9 @@ void run_main(const RunArgs& a) {
   EngineOptions eo;
   eo.device = parse_device(a.device);
   eo.gpu_memory = gpu_memory(a.gpu_memory);
-  eo.cache_bytes = a.cache_memory.empty() ? default_cache_bytes() : parse_size(a.cache_memory);
+  // The GPU's caches are bounded by --gpu-memory already; the host's need a default.
+  if (!a.cache_memory.empty()) eo.cache_bytes = parse_size(a.cache_memory);
+  else if (eo.device == Device::kCpu) eo.cache_bytes = default_cache_bytes();
   note_unused_memory_option(a, eo.device);
   eo.profile = parse_profile(a.profile);
   eo.index_keys = parse_index_key_format(a.index_keys);
@@ -300,13 +299,13 @@ void register_run(CLI::App& app) {
   auto* gpu_memory = cmd->add_option("--gpu-memory", a->gpu_memory,
                   "cuda: device memory for weights, workspaces and caches: a fraction of the free memory "
                   "(default 0.9) or a size (e.g. 80G)");
-  auto* cache_memory = cmd->add_option("--cache-memory", a->cache_memory,
-                  "cpu: limit of the host cache pages in use (default: half the machine's memory); when it is "
-                  "reached, runs wait and the youngest request is preempted and computed again later")
+  cmd->add_option("--cache-memory", a->cache_memory,
+                  "limit of the cache pages (cpu: in use, default half the machine's memory; cuda: allocated, "
+                  "within what --gpu-memory leaves); when it is reached, runs wait and the youngest request is "
+                  "preempted and computed again later")
       ->check(memory_size());
-  cmd->callback([a, gpu_memory, cache_memory, index_keys] {
+  cmd->callback([a, gpu_memory, index_keys] {
     a->gpu_memory_given = gpu_memory->count() > 0;
-    a->cache_memory_given = cache_memory->count() > 0;
     a->index_keys_given = index_keys->count() > 0;
     run_main(*a);
   });

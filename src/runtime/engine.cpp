@@ -26,7 +26,7 @@ std::unique_ptr<AttentionBackend> make_backend(const ModelConfig& c, const std::
   const BackendOptions bo{o.profile, o.index_keys, o.cache_weights, o.indexer_key_tile};
   if (o.device == Device::kCpu) return make_cpu_backend(c, w, spec, bo);
 #if DSV4_HAVE_CUDA
-  const CudaBackendOptions co{o.gpu_memory, o.workload.max_requests, o.workload.max_context,
+  const CudaBackendOptions co{o.gpu_memory, o.cache_bytes, o.workload.max_requests, o.workload.max_context,
                               o.workload.max_step_tokens, o.cuda_graphs, o.cuda_lanes, o.cuda_lanes_max_tokens,
                               o.cuda_attention_decode_max_tokens, o.cuda_attention_decode_max_entries,
                               o.cuda_attention_decode_warps};

@@ -54,7 +54,9 @@ struct EngineOptions {
   Profile profile = Profile::kProduction;
   IndexKeyFormat index_keys = IndexKeyFormat::kMxfp4;
   CacheWorkload workload;
-  int64_t cache_bytes = INT64_MAX;  // limit of the cache pages in use
+  // Limit of the cache pages in use (CUDA: of the device caches, within
+  // what gpu_memory leaves for them).
+  int64_t cache_bytes = INT64_MAX;
   bool cache_weights = true;
   int indexer_key_tile = 2048;
 };

@@ -222,3 +222,60 @@ TEST_F(EngineCudaTest, RejectsDecodeAttentionLimitsPastTheKernel) {
     EXPECT_NE(std::string(e.what()).find("decode_max_entries"), std::string::npos) << e.what();
   }
 }
+
+namespace {
+
+struct Served {
+  WorkloadReport report;
+  int64_t arenas = 0;  // the device caches' bytes
+  int64_t fixed = 0;   // of which the SWA and compressor-state pages the workload keeps
+};
+
+Served serve_small(int64_t cache_bytes) {
+  EngineOptions o;
+  o.device = Device::kCuda;
+  o.workload = CacheWorkload{4, 2048, 512};
+  o.gpu_memory = 0.5;
+  o.cache_bytes = cache_bytes;
+  auto engine = Engine::from_seed(preset_config("small"), 11, o);
+  Served s;
+  s.arenas = engine->backend().memory().caches;
+  const CacheLimits l = engine->blocks().limits();
+  for (CacheGroup g : kAllCacheGroups)
+    if (g != CacheGroup::kC4A && g != CacheGroup::kC128A) s.fixed += int64_t(l[g]) * engine->cache_spec().group(g).page_bytes;
+  Scheduler sched(SchedulerOptions{512, 4});
+  const std::vector<WorkloadRequest> reqs = {{0, 900, 4}, {1, 413, 6}, {2, 3, 9}, {3, 700, 2}};
+  s.report = run_workload(*engine, sched, reqs, 5);
+  return s;
+}
+
+}  // namespace
+
+// --cache-memory on the GPU: the device arenas hold no more than it. With the
+// fixed pages and half the compressed pages an ample run peaked at, runs
+// wait, the youngest requests are preempted and computed again, every
+// request is served, and the result is the ample run's up to the production
+// numerics' roundings (the recomputed tokens run in other batches, so on
+// other kernel paths).
+TEST_F(EngineCudaTest, TightDeviceCachesPreemptAndServeEveryRequest) {
+  const Served ample = serve_small(INT64_MAX);
+  const WorkloadReport& a = ample.report;
+  ASSERT_EQ(a.finished, 4);
+  EXPECT_EQ(a.preemptions, 0);
+  const int64_t limit = ample.fixed + int64_t(a.peak_group_bytes[size_t(CacheGroup::kC4A)] +
+                                              a.peak_group_bytes[size_t(CacheGroup::kC128A)]) / 2;
+  const Served tight = serve_small(limit);
+  const WorkloadReport& t = tight.report;
+  std::printf("    ample: arenas %lld B, peak %zu B, checksum %.7f; tight: limit %lld B, arenas %lld B, %lld stalled "
+              "runs, %d preemptions, %lld tokens again, checksum %.7f\n",
+              (long long)ample.arenas, a.peak_cache_total, a.checksum, (long long)limit, (long long)tight.arenas,
+              (long long)t.stalled_runs, t.preemptions, (long long)t.recomputed_tokens, t.checksum);
+  EXPECT_LE(tight.arenas, limit);
+  EXPECT_EQ(t.finished, 4);
+  EXPECT_TRUE(t.errors.empty()) << t.errors.front();
+  EXPECT_GT(t.stalled_runs, 0);
+  EXPECT_GT(t.preemptions, 0);
+  EXPECT_EQ(t.prefill_tokens + t.decode_tokens, a.prefill_tokens + a.decode_tokens + t.recomputed_tokens);
+  EXPECT_EQ(t.nonfinite_values, 0);
+  EXPECT_NEAR(t.checksum, a.checksum, 1e-4 * a.checksum);
+}

@@ -95,10 +95,11 @@ class CudaBackend final : public AttentionBackend {
     size_t free1 = 0;
     check(cudaMemGetInfo(&free1, &total), "cudaMemGetInfo");
     const int64_t used = int64_t(free0) - int64_t(free1), reserve = int64_t(512) << 20;
-    const int64_t cache_bytes = budget - used - reserve;
-    DSV4_REQUIRE(cache_bytes > 0, "cuda backend: weights and workspaces take " + std::to_string(used >> 20) +
-                                      " MiB of a " + std::to_string(budget >> 20) + " MiB budget: nothing is left for "
-                                      "the caches (raise --gpu-memory or lower --max-running/--budget)");
+    const int64_t left = budget - used - reserve;
+    DSV4_REQUIRE(left > 0, "cuda backend: weights and workspaces take " + std::to_string(used >> 20) + " MiB of a " +
+                               std::to_string(budget >> 20) + " MiB budget: nothing is left for the caches (raise "
+                               "--gpu-memory or lower --max-running/--budget)");
+    const int64_t cache_bytes = std::min(left, cuda.cache_bytes);
     limits_ = CacheLimits::for_memory(spec, cuda.max_requests, cuda.max_context, cuda.max_step_tokens, cache_bytes);
     cache_ = std::make_unique<cuda::DeviceCache>(spec, limits_.pages);
     for (const auto& l : layers_) weight_bytes_ += l->device_bytes();

@@ -17,6 +17,9 @@ struct CudaBackendOptions {
   // the backend starts, or a number of bytes (> 1). Weights and workspaces
   // come first; the caches get the rest.
   double gpu_memory = 0.9;
+  // At most this many bytes of that for the caches (the device arenas are
+  // sized to the smaller of this and what the budget leaves).
+  int64_t cache_bytes = INT64_MAX;
   // The largest workload (sizes the step buffers and the caches' page ids).
   int64_t max_requests = 16, max_context = 8192, max_step_tokens = 2048;
   bool graphs = true;  // capture decode-only steps in CUDA graphs
