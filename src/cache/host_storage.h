@@ -29,7 +29,7 @@ class HostCacheStorage {
  private:
   const CacheSpec& spec_;
   std::vector<HostArena> arenas_;  // one per spec.arenas()
-  std::vector<int32_t> pages_;                // pages held, per group
+  std::vector<int32_t> pages_;     // pages held, per group
 };
 
 }  // namespace dsv4
