@@ -31,7 +31,10 @@
 // embeddings (host Box-Muller, on every core) are drawn outside the timed
 // span, as a server receives them from the embedding.
 // Per row: time, bytes moved (weights + caches read and written), the
-// roofline at 4.3 TB/s, the ratio, time per layer type. --json FILE too.
+// roofline at 4.3 TB/s (issue #12's H200; --bandwidth TB/s for another
+// device), the ratio, time per layer type. --json FILE too. The first line
+// names the device and its peak memory bandwidth (clock x bus width), so
+// that a table from another GPU is not read against the H200's roofline.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -44,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include <cuda_runtime.h>
 #include <nlohmann/json.hpp>
 
 #include "cache/fp8_ds_mla.h"
@@ -58,7 +62,26 @@ using namespace dsv4;
 
 namespace {
 
-constexpr double kBandwidth = 4.3e12;
+// Bytes per second of the roofline: the H200's measured 4.3 TB/s unless
+// --bandwidth says otherwise.
+double g_bandwidth = 4.3e12;
+
+// "NAME, N SMs, peak X TB/s" of the current device (its memory clock times
+// its bus width, double data rate), or why not.
+std::string device_line() {
+  int dev = 0, clock_khz = 0, bus_bits = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return "no CUDA device";
+  }
+  char tail[96];
+  std::snprintf(tail, sizeof tail, ", %d SMs, peak %.2f TB/s", prop.multiProcessorCount,
+                2.0 * clock_khz * 1e3 * bus_bits / 8 / 1e12);
+  return std::string(prop.name) + tail;
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -191,13 +214,13 @@ struct Bench {
     std::sort(wall.begin(), wall.end());
     const double t = wall[wall.size() / 2];
     const double bytes = weight_bytes() + batch * cache_bytes_per_token(config, engine->cache_spec(), context);
-    const double roof = bytes / kBandwidth;
+    const double roof = bytes / g_bandwidth;
     std::printf("| decode | %3d | %8lld | %8.3f | %9.2f | %8.3f | %5.2f | %7.3f %7.3f %7.3f | %9.1f |\n", batch,
                 (long long)context, t * 1e3, bytes / 1e9, roof * 1e3, t / roof, per_type[0] * 1e3, per_type[1] * 1e3,
                 per_type[2] * 1e3, batch / t);
     std::fflush(stdout);
     rows.push_back({{"kind", "decode"}, {"batch", batch}, {"context", context}, {"step_ms", t * 1e3},
-                    {"bytes", bytes}, {"roofline_ms", roof * 1e3}, {"ratio", t / roof},
+                    {"bytes", bytes}, {"roofline_ms", roof * 1e3}, {"roofline_tbps", g_bandwidth / 1e12}, {"ratio", t / roof},
                     {"ms_per_type", {{"swaonly", per_type[0] * 1e3}, {"c4a", per_type[1] * 1e3},
                                      {"c128a", per_type[2] * 1e3}}},
                     {"tokens_per_s", batch / t}, {"caches", "synthetic (random valid records)"}});
@@ -273,6 +296,14 @@ int main(int argc, char** argv) {
     else if (a == "--trace" && i + 1 < argc) trace = argv[++i];
     else if (a == "--stamps") stamps = true;
     else if (a == "--gpu-memory" && i + 1 < argc) eo.gpu_memory = std::atof(argv[++i]);
+    else if (a == "--bandwidth" && i + 1 < argc) {
+      const double tbps = std::atof(argv[++i]);
+      if (!(tbps > 0 && tbps < 100)) {
+        std::fprintf(stderr, "%s: --bandwidth wants TB/s between 0 and 100, not '%s'\n", argv[0], argv[i]);
+        return 2;
+      }
+      g_bandwidth = tbps * 1e12;
+    }
     else if (a == "--index-keys" && i + 1 < argc) {
       try {
         eo.index_keys = parse_index_key_format(argv[++i]);
@@ -282,7 +313,7 @@ int main(int argc, char** argv) {
       }
     }
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--attn-decode-max N] [--attn-decode-entries N] [--attn-decode-warps N] [--prefill LEN | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV] [--stamps]] [--json FILE] [--gpu-memory F] [--index-keys fp8|mxfp4]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--attn-decode-max N] [--attn-decode-entries N] [--attn-decode-warps N] [--prefill LEN | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV] [--stamps]] [--json FILE] [--gpu-memory F] [--index-keys fp8|mxfp4] [--bandwidth TB/s]\n", argv[0]);
       return 2;
     }
   }
@@ -294,6 +325,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: --trace needs one --decode BATCH CONTEXT (it times one decode row's step)\n", argv[0]);
     return 2;
   }
+  std::printf("device: %s; roofline at %.2f TB/s\n", device_line().c_str(), g_bandwidth / 1e12);
   try {
     if (prefill_only > 0) {
       Bench b(1, prefill_only + 16, eo);
@@ -318,8 +350,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     Bench b(128, int64_t(1) << 20, eo);
-    std::printf("\nweights %.2f GB per step: floor %.3f ms at 4.3 TB/s\n", b.weight_bytes() / 1e9,
-                b.weight_bytes() / kBandwidth * 1e3);
+    std::printf("\nweights %.2f GB per step: floor %.3f ms at %.2f TB/s\n", b.weight_bytes() / 1e9,
+                b.weight_bytes() / g_bandwidth * 1e3, g_bandwidth / 1e12);
     std::printf("| row | batch | context | step ms | GB moved | roofline ms | ratio | swaonly c4a c128a ms | tok/s |\n"
                 "|---|---|---|---|---|---|---|---|---|\n");
     const int steps = quick ? 5 : 20;
