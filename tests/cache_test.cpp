@@ -188,13 +188,12 @@ TEST(BlockManager, LimitsForMemoryShareWhatTheFixedGroupsLeave) {
   const CacheLimits w = CacheLimits::for_workload(spec, 4, 2048, 512);
   int64_t fixed = 0, per_page = 0;
   for (CacheGroup g : kAllCacheGroups) {
-    if (g == CacheGroup::kC4A || g == CacheGroup::kC128A) per_page += int64_t(spec.group(g).page_bytes);
+    if (group_grows_with_context(g)) per_page += int64_t(spec.group(g).page_bytes);
     else fixed += int64_t(w[g]) * spec.group(g).page_bytes;
   }
   const CacheLimits l = CacheLimits::for_memory(spec, 4, 2048, 512, fixed + 3 * per_page + per_page / 2);
   for (CacheGroup g : kAllCacheGroups) {
-    const bool growing = g == CacheGroup::kC4A || g == CacheGroup::kC128A;
-    EXPECT_EQ(l[g], growing ? 3 : w[g]) << cache_group_name(g);
+    EXPECT_EQ(l[g], group_grows_with_context(g) ? 3 : w[g]) << cache_group_name(g);
   }
   EXPECT_LE(l.bytes(spec), l.max_bytes);
   EXPECT_EQ(CacheLimits::for_memory(spec, 4, 2048, 512, INT64_MAX / 4).bytes(spec), w.bytes(spec));  // never more

@@ -38,11 +38,10 @@ CacheLimits CacheLimits::for_workload(const CacheSpec& spec, int64_t max_request
 CacheLimits CacheLimits::for_memory(const CacheSpec& spec, int64_t max_requests, int64_t max_context,
                                     int64_t max_step_tokens, int64_t bytes) {
   CacheLimits l = for_workload(spec, max_requests, max_context, max_step_tokens);
-  const std::array<CacheGroup, 2> growing = {CacheGroup::kC4A, CacheGroup::kC128A};
   int64_t fixed = 0, per_page = 0;
   for (CacheGroup g : kAllCacheGroups) {
     const int64_t pb = int64_t(spec.group(g).page_bytes);
-    if (g == CacheGroup::kC4A || g == CacheGroup::kC128A) per_page += spec.group(g).used ? pb : 0;
+    if (group_grows_with_context(g)) per_page += spec.group(g).used ? pb : 0;
     else fixed += int64_t(l[g]) * pb;
   }
   // Room for the fixed part and at least one page of each growing group.
@@ -54,8 +53,8 @@ CacheLimits CacheLimits::for_memory(const CacheSpec& spec, int64_t max_requests,
   l.max_bytes = bytes;
   if (per_page == 0) return l;
   const int64_t pages = (bytes - fixed) / per_page;
-  for (CacheGroup g : growing)
-    if (spec.group(g).used) l[g] = int32_t(std::min<int64_t>(l[g], pages));
+  for (CacheGroup g : kAllCacheGroups)
+    if (group_grows_with_context(g) && spec.group(g).used) l[g] = int32_t(std::min<int64_t>(l[g], pages));
   return l;
 }
 

@@ -51,6 +51,9 @@ constexpr int group_entries_per_page(CacheGroup g) {
 constexpr int group_tokens_per_entry(CacheGroup g) {
   return g == CacheGroup::kC4A ? 4 : g == CacheGroup::kC128A ? 128 : 1;
 }
+// The compressed groups grow with a request's context; the SWA window and the
+// compressor state are bounded per request.
+constexpr bool group_grows_with_context(CacheGroup g) { return group_tokens_per_entry(g) > 1; }
 
 // What one layer keeps in a group.
 enum class CacheKind : int { kSwa = 0, kCompressed, kIndexKeys, kState, kIndexState };
