@@ -250,8 +250,9 @@ TEST(Cli, RunFailsWhenEveryRequestIsRejected) {
   config["max_position_embeddings"] = 64;
   std::ofstream(dir / "config.json") << config.dump();
   const Result r = cli("run --config " + (dir / "config.json").string() + " --requests 2 --prompt 200 --gen 2");
-  expect_user_error(r, "every request was rejected (2 rejected; the first: request 0: positions up to 99 exceed "
-                       "max_position_embeddings (64))");
+  expect_user_error(r, "every request was rejected (2 rejected; the first: request 0: a prompt of 100 tokens and 2 "
+                       "generated need positions up to 101, past max_position_embeddings (64))");
+  EXPECT_TRUE(has(r, "steps 0,")) << r.out;  // rejected before any work
   EXPECT_TRUE(has(r, "finished 0 requests, 2 rejected")) << r.out;
   // Some rejected, some served: the run did its job for those.
   const Result some = cli("run --config " + (dir / "config.json").string() + " --requests 2 --prompt 100 --gen 2");

@@ -278,3 +278,26 @@ TEST(Workload, ARequestThatCannotFitAloneIsRejectedAndTheOthersServed) {
   EXPECT_EQ(r.finished + int(r.errors.size()), 4);
   for (const std::string& e : r.errors) EXPECT_NE(e.find("it cannot fit"), std::string::npos) << e;
 }
+
+// A request whose last position is past the model's is rejected before any
+// step computes a token of it (the step's own check would reject it only
+// once its prefill got there); one that ends exactly at the limit is served.
+TEST(Workload, ARequestPastTheModelsPositionsIsRejectedBeforeItsFirstStep) {
+  ModelConfig c = preset_config("mini");
+  c.max_position_embeddings = 320;
+  EngineOptions eo;
+  eo.profile = Profile::kExact;
+  eo.workload = CacheWorkload{3, 320, 64};
+  auto engine = Engine::from_seed(c, 1, eo);
+  Scheduler sched(SchedulerOptions{64, 3});
+  const std::vector<WorkloadRequest> reqs = {{0, 316, 4}, {1, 300, 21}, {2, 20, 3}};
+  const WorkloadReport r = run_workload(*engine, sched, reqs, 5);
+  EXPECT_EQ(r.finished, 2);
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_NE(r.errors[0].find("request 1: a prompt of 300 tokens and 21 generated need positions up to 320, "
+                             "past max_position_embeddings (320)"),
+            std::string::npos)
+      << r.errors[0];
+  EXPECT_EQ(r.prefill_tokens, 316 + 20);  // none of request 1's
+  EXPECT_EQ(r.decode_tokens, 4 + 3);
+}

@@ -43,6 +43,17 @@ class RequestSums {
   Sum total_;
 };
 
+// Why a request can never be served whole (empty: it can): its last token's
+// position is past the model's. Step planning would reject it too, but only
+// once its prefill got there, after up to a million tokens of work.
+std::string beyond_positions(const WorkloadRequest& r, const ModelConfig& c) {
+  const int64_t total = int64_t(r.prompt_len) + r.gen_len;
+  if (total <= c.max_position_embeddings) return {};
+  return "request " + std::to_string(r.id) + ": a prompt of " + std::to_string(r.prompt_len) + " tokens and " +
+         std::to_string(r.gen_len) + " generated need positions up to " + std::to_string(total - 1) +
+         ", past max_position_embeddings (" + std::to_string(c.max_position_embeddings) + ")";
+}
+
 }  // namespace
 
 void synthetic_embedding(uint64_t seed, int64_t request, int64_t pos, int dim, float* out) {
@@ -62,6 +73,10 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
   WorkloadReport rep;
   StepProgress prog;
   for (const auto& r : requests) {
+    if (const std::string why = beyond_positions(r, c); !why.empty()) {
+      rep.errors.push_back(why);  // fails alone, before any step computes a token of it
+      continue;
+    }
     scheduler.add(r);
     prog.tokens_total += r.prompt_len + r.gen_len;
   }
