@@ -160,6 +160,49 @@ TEST(BlockManager, TheByteLimitRefusesARunAndTouchesNothing) {
   for (CacheGroup g : kAllCacheGroups) EXPECT_TRUE(bm.table(g, 2).pages.empty());
 }
 
+// why_never_fits is a shortcut over the last 256 positions; the real thing
+// is a request served one token a step with the caches to itself. Its peak
+// pages per group and peak bytes are exactly the limits at which the
+// shortcut says "fits", and one page or byte less "never fits".
+TEST(BlockManager, NeverFitsIsExactlyWhereOneTokenAStepRunsOut) {
+  const ModelConfig config = preset_config("mini");
+  const CacheSpec spec(config, CacheFormats{});
+  constexpr int32_t kAmple = 1 << 20;
+  for (int64_t length : {1, 3, 4, 5, 64, 127, 128, 129, 191, 192, 255, 256, 257, 300, 517, 1030}) {
+    BlockManager run(spec, Caches::limits(kAmple, kAmple, kAmple, kAmple, kAmple, INT64_MAX));
+    run.open_request(0);
+    std::array<int32_t, kNumCacheGroups> peak_pages{};
+    int64_t peak_bytes = 0;
+    for (int64_t p = 0; p < length; ++p) {
+      run.reserve(0, p, 1);
+      for (CacheGroup g : kAllCacheGroups)
+        peak_pages[size_t(g)] = std::max(peak_pages[size_t(g)], run.pool(g).capacity() - run.pool(g).free_count());
+      peak_bytes = std::max(peak_bytes, run.bytes_in_use());
+      run.commit(0, p + 1);
+    }
+    const auto limits = [&](int64_t max_bytes, CacheGroup short_of = CacheGroup::kSwa, int32_t less = 0) {
+      CacheLimits l;
+      for (CacheGroup g : kAllCacheGroups) l[g] = std::max(1, peak_pages[size_t(g)] - (g == short_of ? less : 0));
+      l.max_bytes = max_bytes;
+      return l;
+    };
+    const std::string at = "length " + std::to_string(length);
+    EXPECT_EQ(BlockManager(spec, limits(peak_bytes)).why_never_fits(length), "") << at;
+    const std::string bytes = BlockManager(spec, limits(peak_bytes - 1)).why_never_fits(length);
+    EXPECT_NE(bytes.find("bytes of cache, beyond the limit of " + std::to_string(peak_bytes - 1)), std::string::npos)
+        << at << ": " << bytes;
+    EXPECT_NE(bytes.find("it cannot fit"), std::string::npos) << bytes;
+    for (CacheGroup g : kAllCacheGroups) {
+      if (peak_pages[size_t(g)] < 2) continue;  // a used group keeps at least one page
+      const std::string pages = BlockManager(spec, limits(INT64_MAX, g, 1)).why_never_fits(length);
+      EXPECT_NE(pages.find("pages of cache '" + std::string(cache_group_name(g)) + "', which has " +
+                           std::to_string(peak_pages[size_t(g)] - 1)),
+                std::string::npos)
+          << at << ": " << pages;
+    }
+  }
+}
+
 TEST(BlockManager, UnknownAndDuplicateRequests) {
   Caches c(4, 4, 4, 8, 4);
   BlockManager& bm = c.blocks;

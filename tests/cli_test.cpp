@@ -262,7 +262,7 @@ TEST(Cli, RunFailsWhenEveryRequestIsRejected) {
 
 // A cache too small for the workload at once: requests wait and are
 // preempted, and all are served; one too small for a single token rejects
-// every request with the reason.
+// every request with the reason, before any step.
 TEST(Cli, ACacheTooSmallForTheWorkloadServesItInTurn) {
   const Result r = cli("run --preset mini --device cpu --requests 4 --prompt 200 --gen 2 --cache-memory 4M");
   EXPECT_EQ(r.status, 0) << r.out;
@@ -271,8 +271,10 @@ TEST(Cli, ACacheTooSmallForTheWorkloadServesItInTurn) {
   EXPECT_FALSE(has(r, "; 0 preemptions")) << r.out;
   EXPECT_TRUE(has(r, "finished 4 requests, 0 rejected")) << r.out;
   const Result tiny = cli("run --preset mini --device cpu --requests 2 --prompt 20 --gen 2 --cache-memory 100K");
-  expect_user_error(tiny, "every request was rejected (2 rejected; the first: request 0: positions 0..0 need ");
-  EXPECT_TRUE(has(tiny, "(no other request holds cache pages: it cannot fit)")) << tiny.out;
+  expect_user_error(tiny, "every request was rejected (2 rejected; the first: request 0: position 0 needs ");
+  EXPECT_TRUE(has(tiny, "bytes of cache, beyond the limit of 102400 (one token a step, the caches to itself): it "
+                        "cannot fit")) << tiny.out;
+  EXPECT_TRUE(has(tiny, "steps 0,")) << tiny.out;  // rejected before any work
 }
 
 // An option the run cannot use (--gpu-memory on the CPU, --index-keys in the

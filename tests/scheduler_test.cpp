@@ -268,14 +268,23 @@ TEST(Workload, PreemptedRequestsComputeTheSameTokensAgain) {
   EXPECT_EQ(tight.nonfinite_values, 0);
 }
 
-// Where even one token of a request cannot fit, that request is rejected
-// with the reason and the others are served.
+// Where even one token a step cannot fit a request, that request is
+// rejected with the reason, before any of its work, and the others are served.
 TEST(Workload, ARequestThatCannotFitAloneIsRejectedAndTheOthersServed) {
   const WorkloadReport ample = run_mini(512);
   const WorkloadReport r = run_mini(512, 5, int64_t(ample.peak_cache_total / 5));
   EXPECT_GE(r.finished, 1);
   EXPECT_FALSE(r.errors.empty());
   EXPECT_EQ(r.finished + int(r.errors.size()), 4);
+  // Rejected before their first step: every token computed belongs to a served request.
+  const std::vector<WorkloadRequest> reqs = {{0, 300, 4}, {1, 131, 6}, {2, 3, 9}, {3, 260, 2}};  // run_mini's
+  int64_t served = 0;
+  for (const WorkloadRequest& q : reqs) {
+    bool rejected = false;
+    for (const std::string& e : r.errors) rejected |= e.rfind("request " + std::to_string(q.id) + ": ", 0) == 0;
+    if (!rejected) served += q.prompt_len + q.gen_len;
+  }
+  EXPECT_EQ(r.prefill_tokens + r.decode_tokens - r.recomputed_tokens, served);
   for (const std::string& e : r.errors) EXPECT_NE(e.find("it cannot fit"), std::string::npos) << e;
 }
 

@@ -154,6 +154,30 @@ void BlockManager::reserve(int64_t id, int64_t start, int len) {
   }
 }
 
+std::string BlockManager::why_never_fits(int64_t length) const {
+  // A one-token run at position p holds blocks first_live_block(p) .. the
+  // last it touches. The bounded groups repeat every 64 positions from 128
+  // on (and hold no more before) and the compressed groups only grow, so the
+  // most any position holds is held within the last 256.
+  const std::string tail = " (one token a step, the caches to itself): it cannot fit";
+  for (int64_t p = std::max<int64_t>(0, length - 256); p < length; ++p) {
+    int64_t bytes = 0;
+    for (CacheGroup g : kAllCacheGroups) {
+      if (!uses(g)) continue;
+      const BlockRange r = spec_.blocks_touched(g, p, 1);
+      const int64_t pages = r.empty() ? 0 : r.last - spec_.first_live_block(g, p) + 1;
+      if (pages > pool(g).capacity())
+        return "position " + std::to_string(p) + " needs " + std::to_string(pages) + " pages of cache '" +
+               std::string(cache_group_name(g)) + "', which has " + std::to_string(pool(g).capacity()) + tail;
+      bytes += pages * int64_t(spec_.group(g).page_bytes);
+    }
+    if (bytes > limits_.max_bytes)
+      return "position " + std::to_string(p) + " needs " + std::to_string(bytes) +
+             " bytes of cache, beyond the limit of " + std::to_string(limits_.max_bytes) + tail;
+  }
+  return {};
+}
+
 void BlockManager::release_below(Table& t, CacheGroup g, int64_t block) {
   const int64_t drop = std::min<int64_t>(std::max<int64_t>(0, block - t.first), int64_t(t.pages.size()));
   for (int64_t i = 0; i < drop; ++i)

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cache/block_pool.h"
@@ -70,6 +71,10 @@ class BlockManager {
   void reserve(int64_t id, int64_t start, int len);
   // The request now holds `new_length` tokens: pages no later token reads go back.
   void commit(int64_t id, int64_t new_length);
+  // Why a request of `length` tokens can never be served within the limits,
+  // even with the caches to itself and one token a step (the least any
+  // schedule holds); empty when it can.
+  std::string why_never_fits(int64_t length) const;
 
   // Global slot of entry `entry` of a group for a request; throws when no page holds it.
   int32_t slot(CacheGroup g, int64_t id, int64_t entry) const;

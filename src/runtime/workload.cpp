@@ -73,8 +73,14 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
   WorkloadReport rep;
   StepProgress prog;
   for (const auto& r : requests) {
-    if (const std::string why = beyond_positions(r, c); !why.empty()) {
-      rep.errors.push_back(why);  // fails alone, before any step computes a token of it
+    // A request that can never be served fails alone, before any step computes a token of it.
+    std::string why = beyond_positions(r, c);
+    if (why.empty()) {
+      const std::string cache = engine.blocks().why_never_fits(int64_t(r.prompt_len) + r.gen_len);
+      if (!cache.empty()) why = "request " + std::to_string(r.id) + ": " + cache;
+    }
+    if (!why.empty()) {
+      rep.errors.push_back(why);
       continue;
     }
     scheduler.add(r);
