@@ -243,6 +243,18 @@ TEST(Cli, JsonPathIsCheckedBeforeTheRun) {
   expect_user_error(cli("inspect", "2>&1 >/dev/full"), "dsv4: error: cannot write standard output");
 }
 
+// The workload line gives the prompts the requests have (spread over
+// [P/2, P], at least one token each).
+TEST(Cli, TheWorkloadLineGivesThePromptsServed) {
+  const Result one = cli("run --preset mini --device cpu --requests 3 --prompt 1 --gen 0");
+  EXPECT_EQ(one.status, 0) << one.out;
+  EXPECT_TRUE(has(one, "workload: 3 requests, prompts 1..1 tokens, 0 decode steps each")) << one.out;
+  EXPECT_TRUE(has(one, "prefill: 3 tokens")) << one.out;
+  const Result spread = cli("run --preset mini --device cpu --requests 3 --prompt 9 --gen 1");
+  EXPECT_TRUE(has(spread, "workload: 3 requests, prompts 4..9 tokens, 1 decode steps each")) << spread.out;
+  EXPECT_TRUE(has(spread, "prefill: 19 tokens")) << spread.out;  // 4 + 6 + 9
+}
+
 TEST(Cli, RunFailsWhenEveryRequestIsRejected) {
   dsv4::test::TempDir dir;
   std::ifstream in(std::string(DSV4_GOLDEN_DIR) + "/mini.json");

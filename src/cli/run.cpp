@@ -2,6 +2,7 @@
 // synthetic workload, scheduled step by step under a token budget.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -241,8 +242,12 @@ void run_main(const RunArgs& a) {
   std::printf("weights: %s%s\n",
               a.checkpoint.empty() ? ("synthetic, seed " + std::to_string(a.seed)).c_str() : a.checkpoint.c_str(),
               eo.cache_weights ? "" : " (dequantized per use: float32 copies would not fit --weight-cache-gib)");
+  const std::vector<WorkloadRequest> workload = make_workload(a);
+  const auto [shortest, longest] = std::minmax_element(workload.begin(), workload.end(), [](const auto& x, const auto& y) {
+    return x.prompt_len < y.prompt_len;
+  });
   std::printf("workload: %d requests, prompts %d..%d tokens, %d decode steps each, %d tokens per step, %d running\n",
-              a.requests, a.requests > 1 ? a.prompt / 2 : a.prompt, a.prompt, a.gen, a.budget, a.max_running);
+              a.requests, shortest->prompt_len, longest->prompt_len, a.gen, a.budget, a.max_running);
   std::fflush(stdout);
   auto engine = a.checkpoint.empty() ? Engine::from_seed(c, a.seed, eo) : Engine::from_checkpoint(c, a.checkpoint, eo);
   print_memory(*engine);
@@ -254,7 +259,7 @@ void run_main(const RunArgs& a) {
                  (long long)p.tokens_total, p.running);
     std::fflush(stderr);
   };
-  const WorkloadReport r = run_workload(*engine, sched, make_workload(a), a.seed, progress);
+  const WorkloadReport r = run_workload(*engine, sched, workload, a.seed, progress);
   if (tty) std::fprintf(stderr, "\n");
   print_report(r, c);
   print_memory(*engine);
