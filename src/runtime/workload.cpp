@@ -7,6 +7,7 @@
 #include <map>
 #include <numbers>
 #include <span>
+#include <utility>
 
 
 namespace dsv4 {
@@ -44,14 +45,30 @@ class RequestSums {
 };
 
 // Why a request can never be served whole (empty: it can): its last token's
-// position is past the model's. Step planning would reject it too, but only
-// once its prefill got there, after up to a million tokens of work.
-std::string beyond_positions(const WorkloadRequest& r, const ModelConfig& c) {
-  const int64_t total = int64_t(r.prompt_len) + r.gen_len;
-  if (total <= c.max_position_embeddings) return {};
-  return "request " + std::to_string(r.id) + ": a prompt of " + std::to_string(r.prompt_len) + " tokens and " +
-         std::to_string(r.gen_len) + " generated need positions up to " + std::to_string(total - 1) +
-         ", past max_position_embeddings (" + std::to_string(c.max_position_embeddings) + ")";
+// position is past the model's, or the caches could not hold it even alone.
+// Planning and the caches would reject it too, but only once its prefill got
+// there, after up to a million tokens of work.
+std::string why_unservable(const WorkloadRequest& r, const Engine& engine) {
+  const int64_t total = int64_t(r.prompt_len) + r.gen_len, limit = engine.config().max_position_embeddings;
+  const std::string who = "request " + std::to_string(r.id) + ": ";
+  if (total > limit)
+    return who + "a prompt of " + std::to_string(r.prompt_len) + " tokens and " + std::to_string(r.gen_len) +
+           " generated need positions up to " + std::to_string(total - 1) + ", past max_position_embeddings (" +
+           std::to_string(limit) + ")";
+  const std::string cache = engine.blocks().why_never_fits(total);
+  return cache.empty() ? cache : who + cache;
+}
+
+// The caches' footprint after a step's writes, kept where it peaks.
+void note_peak(const Engine& engine, WorkloadReport& rep) {
+  size_t total = 0;
+  std::array<size_t, kNumLayerTypes> bytes{};
+  for (int t = 0; t < kNumLayerTypes; ++t)
+    total += bytes[size_t(t)] = size_t(engine.blocks().bytes_in_use(LayerType(t)));
+  if (total <= rep.peak_cache_total) return;
+  rep.peak_cache_total = total, rep.peak_cache_bytes = bytes;
+  for (CacheGroup g : kAllCacheGroups) rep.peak_group_bytes[size_t(g)] = size_t(engine.blocks().bytes_in_use(g));
+  rep.peak_tokens_held = engine.blocks().tokens_held();
 }
 
 }  // namespace
@@ -73,14 +90,8 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
   WorkloadReport rep;
   StepProgress prog;
   for (const auto& r : requests) {
-    // A request that can never be served fails alone, before any step computes a token of it.
-    std::string why = beyond_positions(r, c);
-    if (why.empty()) {
-      const std::string cache = engine.blocks().why_never_fits(int64_t(r.prompt_len) + r.gen_len);
-      if (!cache.empty()) why = "request " + std::to_string(r.id) + ": " + cache;
-    }
-    if (!why.empty()) {
-      rep.errors.push_back(why);
+    if (std::string why = why_unservable(r, engine); !why.empty()) {
+      rep.errors.push_back(std::move(why));  // it fails alone, before any step computes a token of it
       continue;
     }
     scheduler.add(r);
@@ -103,16 +114,7 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
                           h.data() + size_t(t) * D);
     engine.forward_step(s, h, h, &rep.layer_seconds);
     engine.commit(s);
-    // Footprint after the step's writes, before finished requests let go.
-    size_t total = 0;
-    std::array<size_t, kNumLayerTypes> bytes{};
-    for (int t = 0; t < kNumLayerTypes; ++t)
-      total += bytes[size_t(t)] = size_t(engine.blocks().bytes_in_use(LayerType(t)));
-    if (total > rep.peak_cache_total) {
-      rep.peak_cache_total = total, rep.peak_cache_bytes = bytes;
-      for (CacheGroup g : kAllCacheGroups) rep.peak_group_bytes[size_t(g)] = size_t(engine.blocks().bytes_in_use(g));
-      rep.peak_tokens_held = engine.blocks().tokens_held();
-    }
+    note_peak(engine, rep);  // before finished requests let go
     for (float v : h) rep.nonfinite_values += !std::isfinite(v);
     for (int t = 0; t < T; ++t)
       sums.add(s.runs[size_t(s.token_run()[size_t(t)])].request, std::span<const float>(h).subspan(size_t(t) * D, D));
