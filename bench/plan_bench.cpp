@@ -1,19 +1,49 @@
-// The host's share of a decode step: Engine::plan (block tables, slots and
-// lists for every run, SPEC §7) and commit, for B requests at context C. A
-// GPU step's wall time includes it (step_bench times plan + copies + replay
-// + commit); it runs on the CPU backend here, whose cache storage grows as
-// the pages do, so a step that grows it shows in the worst time.
+// The host's share of a decode step: planning (block tables, slots and lists
+// for every run, SPEC §7) and commit, for B requests at context C. A GPU
+// step's wall time includes it (step_bench times plan + copies + replay +
+// commit). Two rows:
+//  * the CPU backend's plan (Engine::plan with the derived lists), whose
+//    cache storage grows as the pages do, so a step that grows it shows in
+//    the worst time;
+//  * the CUDA backend's (the inputs alone: the device derives the lists),
+//    on the block manager without a backend.
 //   plan_bench [BATCH CONTEXT [STEPS]]   (default 128 65536 300)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <vector>
 
 #include "common/error.h"
 #include "runtime/engine.h"
 
 using namespace dsv4;
+
+namespace {
+
+// Times `step(k)` for k = 0 .. steps-1 and prints the median, mean and worst.
+void time_steps(const char* what, int batch, int64_t context, int steps, const std::function<void(int)>& step) {
+  std::vector<double> t;
+  for (int k = 0; k < steps; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step(k);
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e6);
+  }
+  double sum = 0;
+  for (double x : t) sum += x;
+  std::sort(t.begin(), t.end());
+  std::printf("%s, %d requests at %lld tokens, %d decode steps: median %.1f us, mean %.1f, worst %.1f\n", what, batch,
+              (long long)context, steps, t[t.size() / 2], sum / double(steps), t.back());
+}
+
+std::vector<Run> decode_runs(int batch, int64_t position) {
+  std::vector<Run> runs;
+  for (int b = 0; b < batch; ++b) runs.push_back({b, position, 1});
+  return runs;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const int batch = argc > 1 ? std::atoi(argv[1]) : 128;
@@ -34,26 +64,27 @@ int main(int argc, char** argv) {
   eo.cache_weights = false;
   try {
     auto e = Engine::from_seed(c, 1, eo);
-    for (int b = 0; b < batch; ++b) {
-      e->open_request(b);
-      e->fast_forward(b, context);
-    }
-    std::vector<double> t;
-    for (int k = 0; k < steps; ++k) {
-      std::vector<Run> runs;
-      for (int b = 0; b < batch; ++b) runs.push_back({b, context + k, 1});
+    for (int b = 0; b < batch; ++b) e->open_request(b), e->fast_forward(b, context);
+    time_steps("plan + commit, CPU backend (with the lists)", batch, context, steps, [&](int k) {
       std::vector<RunError> errors;
-      const auto t0 = std::chrono::steady_clock::now();
-      const StepMetadata s = e->plan(runs, errors);
+      const StepMetadata s = e->plan(decode_runs(batch, context + k), errors);
       e->commit(s);
-      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e6);
       if (!errors.empty()) throw Error(errors[0].message);
+    });
+
+    const CacheSpec spec(c, CacheFormats{});
+    BlockManager blocks(spec, CacheLimits::for_workload(spec, batch, context + steps, 1));
+    for (int b = 0; b < batch; ++b) {  // as Engine::fast_forward
+      blocks.open_request(b);
+      blocks.reserve(b, context - 1, 1);
+      blocks.commit(b, context);
     }
-    double sum = 0;
-    for (double x : t) sum += x;
-    std::sort(t.begin(), t.end());
-    std::printf("plan + commit, %d requests at %lld tokens, %d decode steps: median %.1f us, mean %.1f, worst %.1f\n",
-                batch, (long long)context, steps, t[t.size() / 2], sum / double(steps), t.back());
+    time_steps("plan + commit, CUDA backend (the inputs alone)", batch, context, steps, [&](int k) {
+      std::vector<RunError> errors;
+      const StepMetadata s = plan_step(decode_runs(batch, context + k), c, blocks, errors, false);
+      for (const Run& r : s.runs) blocks.commit(r.request, r.start_pos + r.len);
+      if (!errors.empty()) throw Error(errors[0].message);
+    });
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "plan_bench: %s\n", ex.what());
     return 1;

@@ -3,6 +3,7 @@
 // step proceeds.
 #include <gtest/gtest.h>
 
+#include "common/error.h"
 #include "step/step.h"
 
 #include <algorithm>
@@ -110,6 +111,31 @@ TEST(StepMetadata, DerivingFromTheInputsAloneRebuildsTheBuffer) {
   EXPECT_TRUE(same(v.window_lengths, want.window_lengths, T));
   EXPECT_TRUE(same(v.c128a_indices, want.c128a_indices, T * w));
   EXPECT_TRUE(same(v.c128a_lengths, want.c128a_lengths, T));
+}
+
+// For a backend that derives the lists itself (the CUDA backend): the
+// inputs alone, the same bits as a full build's, and no view of lists that
+// were never built.
+TEST(StepMetadata, WithoutListsTheInputsAloneAreBuilt) {
+  Caches c;
+  std::vector<RunError> errors;
+  c.blocks.open_request(1), c.blocks.open_request(2);
+  const std::vector<dsv4::Run> runs = {{1, 0, 777}, {2, 0, 5}};
+  const StepMetadata full = plan_step(runs, c.config, c.blocks, errors);
+  const StepMetadata inputs = plan_step(runs, c.config, c.blocks, errors, false);  // the same run again: not yet committed
+  ASSERT_TRUE(errors.empty());
+  EXPECT_TRUE(full.has_lists());
+  EXPECT_FALSE(inputs.has_lists());
+  ASSERT_EQ(int64_t(inputs.buffer().size()), full.layout().inputs_end);
+  EXPECT_TRUE(std::equal(inputs.buffer().begin(), inputs.buffer().end(), full.buffer().begin()));
+  EXPECT_EQ(inputs.positions()[776], 776);
+  EXPECT_EQ(inputs.token_run()[777], 1);
+  try {
+    (void)inputs.view();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("built without its derived lists"), std::string::npos) << e.what();
+  }
 }
 
 TEST(StepMetadata, BadRunsAreRejectedAndTheRestProceeds) {

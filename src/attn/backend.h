@@ -63,6 +63,10 @@ class AttentionBackend {
   // Once per step, before its layers: the step's metadata, shared by every
   // layer of a type.
   virtual void plan(const StepMetadata& s) = 0;
+  // Whether plan() reads the step's derived lists (slots, window and C128A
+  // lists) from the host. A backend that derives them from the inputs itself
+  // (the CUDA backend, on the device) says no, and the engine skips them.
+  virtual bool reads_host_step_lists() const { return true; }
   // The step's input rows, [T, D] host floats: the residual stream h.
   virtual void set_input(const float* x) = 0;
   // The stack's loop over the layers (Engine::forward_step) is bracketed by

@@ -95,7 +95,7 @@ std::unique_ptr<Engine> Engine::from_seed(const ModelConfig& config, uint64_t se
 }
 
 StepMetadata Engine::plan(const std::vector<Run>& runs, std::vector<RunError>& errors) {
-  StepMetadata s = plan_step(runs, config_, blocks_, errors);
+  StepMetadata s = plan_step(runs, config_, blocks_, errors, backend_->reads_host_step_lists());
   ensure_backend_pages();
   return s;
 }

@@ -25,7 +25,12 @@ void check_run(const Run& run, const ModelConfig& config, const BlockManager& bl
 
 }  // namespace
 
-void StepMetadata::build(const BlockManager& blocks) {
+StepView StepMetadata::view() const {
+  DSV4_REQUIRE(lists_, "step: built without its derived lists (for a backend that derives them itself)");
+  return step_view(const_cast<int32_t*>(buffer_.data()), dims_);
+}
+
+void StepMetadata::build(const BlockManager& blocks, bool lists) {
   const CacheSpec& spec = blocks.spec();
   dims_ = StepDims{};
   dims_.runs = int32_t(runs.size());
@@ -44,7 +49,8 @@ void StepMetadata::build(const BlockManager& blocks) {
   dims_.tokens = int32_t(tokens);
   dims_.c128a_width = blocks.uses(CacheGroup::kC128A) ? int32_t((widest_c128a + 63) / 64 * 64) : 0;
   layout_ = step_layout(dims_);
-  buffer_.assign(size_t(layout_.total), -1);
+  lists_ = lists;
+  buffer_.assign(size_t(lists ? layout_.total : layout_.inputs_end), -1);
   write_step_header(buffer_.data(), dims_);
   int32_t* b = buffer_.data();
   int t = 0;
@@ -57,27 +63,29 @@ void StepMetadata::build(const BlockManager& blocks) {
       b[layout_.positions + t] = int32_t(run.start_pos + k);
       b[layout_.token_run + t] = r;
     }
-    // The rows of the run's tables: the blocks the run touches.
+    // The rows of the run's tables: the blocks the run touches, copied from
+    // the request's table where it covers them (the rest stays -1).
     for (CacheGroup g : kAllCacheGroups) {
       const int w = dims_.table_width[int(g)];
       if (w == 0) continue;
       const BlockRange want = spec.blocks_touched(g, run.start_pos, run.len);
       const BlockTableRef have = blocks.table(g, run.request);
       b[layout_.table_first[int(g)] + r] = int32_t(want.empty() ? 0 : want.first);
-      for (int64_t blk = want.first; blk <= want.last; ++blk) {
-        const int64_t col = blk - have.first;
-        const bool held = col >= 0 && col < int64_t(have.pages.size());
-        b[layout_.table_pages[int(g)] + int64_t(r) * w + (blk - want.first)] = held ? have.pages[size_t(col)] : -1;
-      }
+      const int64_t lo = std::max(want.first, have.first);
+      const int64_t hi = std::min(want.last + 1, have.first + int64_t(have.pages.size()));
+      if (lo < hi)
+        std::copy_n(have.pages.data() + (lo - have.first), hi - lo,
+                    b + layout_.table_pages[int(g)] + int64_t(r) * w + (lo - want.first));
     }
   }
   b[layout_.run_token_begin + dims_.runs] = t;
+  if (!lists) return;  // at 128 decode runs of 64K context the lists were 60% of the plan
   const StepView v = view();
   for (int k = 0; k < dims_.tokens; ++k) derive_token(v, k);
 }
 
 StepMetadata plan_step(const std::vector<Run>& runs, const ModelConfig& config, BlockManager& blocks,
-                       std::vector<RunError>& errors) {
+                       std::vector<RunError>& errors, bool lists) {
   StepMetadata s;
   std::set<int64_t> seen;
   int64_t tokens = 0;
@@ -99,7 +107,7 @@ StepMetadata plan_step(const std::vector<Run>& runs, const ModelConfig& config, 
     s.runs.push_back(run);
     s.input_index.push_back(i);
   }
-  s.build(blocks);
+  s.build(blocks, lists);
   return s;
 }
 

@@ -36,18 +36,22 @@ class StepMetadata {
   int num_runs() const { return dims_.runs; }
   const StepDims& dims() const { return dims_; }
   // The flat buffer: one copy of [0, layout().inputs_end) and derive_token on
-  // every token rebuild the rest anywhere.
+  // every token rebuild the rest anywhere. A step built without its lists
+  // holds the inputs alone (has_lists() false, no view()): a backend that
+  // derives them itself (the CUDA backend, on the device) needs no more.
   const std::vector<int32_t>& buffer() const { return buffer_; }
   const StepLayout& layout() const { return layout_; }
-  StepView view() const { return step_view(const_cast<int32_t*>(buffer_.data()), dims_); }
+  bool has_lists() const { return lists_; }
+  StepView view() const;
 
   std::span<const int32_t> positions() const { return span(layout_.positions, dims_.tokens); }
   std::span<const int32_t> token_run() const { return span(layout_.token_run, dims_.tokens); }
   // First token of run r (r = num_runs(): one past the last token).
   int token_begin(int r) const { return buffer_[size_t(layout_.run_token_begin + r)]; }
 
-  // Builds the buffer for `runs` (already validated and reserved).
-  void build(const BlockManager& blocks);
+  // Builds the buffer for `runs` (already validated and reserved), with the
+  // derived lists or without them.
+  void build(const BlockManager& blocks, bool lists = true);
 
  private:
   std::span<const int32_t> span(int64_t off, int64_t n) const { return {buffer_.data() + off, size_t(n)}; }
@@ -55,13 +59,15 @@ class StepMetadata {
   StepDims dims_;
   StepLayout layout_ = step_layout(StepDims{});
   std::vector<int32_t> buffer_ = std::vector<int32_t>(size_t(layout_.total), 0);
+  bool lists_ = true;
 };
 
 // Validates each run against the block manager (known request, contiguous
 // positions, positive length, within max_position_embeddings, not twice in
 // the step), reserves its pages and builds the metadata. A run that fails is
-// left out with an error; the others proceed.
+// left out with an error; the others proceed. `lists`: build the derived
+// lists too (StepMetadata::build).
 StepMetadata plan_step(const std::vector<Run>& runs, const ModelConfig& config, BlockManager& blocks,
-                       std::vector<RunError>& errors);
+                       std::vector<RunError>& errors, bool lists = true);
 
 }  // namespace dsv4

@@ -135,6 +135,9 @@ class CudaBackend final : public AttentionBackend {
                                                 std::to_string(pages) + " are needed");
   }
 
+  // DeviceStep copies the inputs and derives the lists on the device.
+  bool reads_host_step_lists() const override { return false; }
+
   void plan(const StepMetadata& s) override {
     real_ = s.num_tokens();
     bool decode = real_ > 0;
