@@ -115,6 +115,29 @@ int64_t BlockManager::tokens_held() const {
   return n;
 }
 
+namespace {
+
+// The blocks of `want` (none below t.first) that `t` holds no page for, in
+// order: its holes among the blocks it covers, then every block past its end.
+// A decode token touches the whole compressed history (256 blocks a group at
+// 64K context), whose table has no holes: one branch-free pass finds that.
+void missing_blocks(const auto& t, const BlockRange& want, std::vector<int64_t>& out) {
+  if (want.empty()) return;
+  const int64_t end = t.pages.empty() ? want.first : t.first + int64_t(t.pages.size());
+  const int64_t covered = std::max<int64_t>(0, std::min(want.last + 1, end) - want.first);
+  if (covered > 0) {
+    const int32_t* p = t.pages.data() + (want.first - t.first);
+    int32_t any = 0;
+    for (int64_t i = 0; i < covered; ++i) any |= p[i];  // -1 marks a hole
+    if (any < 0)
+      for (int64_t i = 0; i < covered; ++i)
+        if (p[i] < 0) out.push_back(want.first + i);
+  }
+  for (int64_t b = want.first + covered; b <= want.last; ++b) out.push_back(b);
+}
+
+}  // namespace
+
 void BlockManager::reserve(int64_t id, int64_t start, int len) {
   Request& r = request(id);
   std::array<std::vector<int64_t>, kNumCacheGroups> missing;
@@ -123,13 +146,10 @@ void BlockManager::reserve(int64_t id, int64_t start, int len) {
     if (!uses(g)) continue;
     const BlockRange want = spec_.blocks_touched(g, start, len);
     const Table& t = r.tables[size_t(g)];
-    for (int64_t b = want.first; b <= want.last; ++b) {
-      const int64_t col = b - t.first;
-      if (col < 0 && !t.pages.empty())
-        throw Error("request " + std::to_string(id) + ": block " + std::to_string(b) + " of cache '" +
-                    std::string(cache_group_name(g)) + "' was already freed");
-      if (col < 0 || col >= int64_t(t.pages.size()) || t.pages[size_t(col)] < 0) missing[size_t(g)].push_back(b);
-    }
+    if (!want.empty() && !t.pages.empty() && want.first < t.first)
+      throw Error("request " + std::to_string(id) + ": block " + std::to_string(want.first) + " of cache '" +
+                  std::string(cache_group_name(g)) + "' was already freed");
+    missing_blocks(t, want, missing[size_t(g)]);
     const BlockPool& pool = pools_[size_t(g)];
     const size_t need = missing[size_t(g)].size();
     if (int64_t(need) > pool.free_count())
