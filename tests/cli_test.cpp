@@ -311,6 +311,8 @@ TEST(Cli, TheMemoryLineCountsTheFloat32WeightCopies) {
   const Result copies = cli(run);
   EXPECT_EQ(copies.status, 0) << copies.out;
   EXPECT_TRUE(has(copies, " MiB of float32 copies, caches ")) << copies.out;
+  const Result capped = cli(run + " --cache-memory 10M");
+  EXPECT_TRUE(has(capped, ", caches 0.0 MiB (pages in use capped at 10.0 MiB), workspace ")) << capped.out;
   const Result none = cli(run + " --weight-cache-gib 0");
   EXPECT_EQ(none.status, 0) << none.out;
   EXPECT_TRUE(has(none, "host memory: weights ")) << none.out;

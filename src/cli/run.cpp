@@ -212,8 +212,11 @@ void print_memory(const Engine& e) {
   std::printf("%s memory: weights %s", e.options().device == Device::kCuda ? "device" : "host",
               size_text(m.weights).c_str());
   if (m.weight_copies > 0) std::printf(" + %s of float32 copies", size_text(m.weight_copies).c_str());
-  std::printf(", caches %s, workspace %s", size_text(m.caches).c_str(), size_text(m.workspace).c_str());
-  if (e.options().device == Device::kCuda)
+  const bool gpu = e.options().device == Device::kCuda;
+  // Host arenas grow to each cache's own peak, so together they may hold more than the cap on pages in use.
+  const std::string cap = gpu ? "" : " (pages in use capped at " + size_text(e.blocks().limits().max_bytes) + ")";
+  std::printf(", caches %s%s, workspace %s", size_text(m.caches).c_str(), cap.c_str(), size_text(m.workspace).c_str());
+  if (gpu)
     std::printf("; the caches admit %lld tokens of compressed context over %lld requests",
                 (long long)e.blocks().limits().context_tokens(e.cache_spec()), (long long)e.options().workload.max_requests);
   std::printf("\n");
