@@ -220,6 +220,8 @@ TEST(Scheduler, RandomWorkloadsEndAndServeEveryRequestThatFitsAlone) {
 }
 
 namespace {
+const std::vector<WorkloadRequest> kMiniRequests = {{0, 300, 4}, {1, 131, 6}, {2, 3, 9}, {3, 260, 2}};
+
 WorkloadReport run_mini(int budget, uint64_t seed = 5, int64_t cache_bytes = INT64_MAX) {
   const ModelConfig c = preset_config("mini");
   EngineOptions eo;
@@ -228,8 +230,7 @@ WorkloadReport run_mini(int budget, uint64_t seed = 5, int64_t cache_bytes = INT
   eo.workload = CacheWorkload{4, 400, budget};
   auto engine = Engine::from_seed(c, 1, eo);
   Scheduler sched(SchedulerOptions{budget, 4});
-  std::vector<WorkloadRequest> reqs = {{0, 300, 4}, {1, 131, 6}, {2, 3, 9}, {3, 260, 2}};
-  return run_workload(*engine, sched, reqs, seed);
+  return run_workload(*engine, sched, kMiniRequests, seed);
 }
 }  // namespace
 
@@ -277,9 +278,8 @@ TEST(Workload, ARequestThatCannotFitAloneIsRejectedAndTheOthersServed) {
   EXPECT_FALSE(r.errors.empty());
   EXPECT_EQ(r.finished + int(r.errors.size()), 4);
   // Rejected before their first step: every token computed belongs to a served request.
-  const std::vector<WorkloadRequest> reqs = {{0, 300, 4}, {1, 131, 6}, {2, 3, 9}, {3, 260, 2}};  // run_mini's
   int64_t served = 0;
-  for (const WorkloadRequest& q : reqs) {
+  for (const WorkloadRequest& q : kMiniRequests) {
     bool rejected = false;
     for (const std::string& e : r.errors) rejected |= e.rfind("request " + std::to_string(q.id) + ": ", 0) == 0;
     if (!rejected) served += q.prompt_len + q.gen_len;
