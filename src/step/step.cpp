@@ -26,7 +26,7 @@ void check_run(const Run& run, const ModelConfig& config, const BlockManager& bl
 }  // namespace
 
 StepView StepMetadata::view() const {
-  DSV4_REQUIRE(lists_, "step: built without its derived lists (for a backend that derives them itself)");
+  DSV4_REQUIRE(has_lists(), "step: built without its derived lists (for a backend that derives them itself)");
   return step_view(const_cast<int32_t*>(buffer_.data()), dims_);
 }
 
@@ -49,7 +49,6 @@ void StepMetadata::build(const BlockManager& blocks, bool lists) {
   dims_.tokens = int32_t(tokens);
   dims_.c128a_width = blocks.uses(CacheGroup::kC128A) ? int32_t((widest_c128a + 63) / 64 * 64) : 0;
   layout_ = step_layout(dims_);
-  lists_ = lists;
   buffer_.assign(size_t(lists ? layout_.total : layout_.inputs_end), -1);
   write_step_header(buffer_.data(), dims_);
   int32_t* b = buffer_.data();

@@ -37,11 +37,12 @@ class StepMetadata {
   const StepDims& dims() const { return dims_; }
   // The flat buffer: one copy of [0, layout().inputs_end) and derive_token on
   // every token rebuild the rest anywhere. A step built without its lists
-  // holds the inputs alone (has_lists() false, no view()): a backend that
-  // derives them itself (the CUDA backend, on the device) needs no more.
+  // holds the inputs alone (no view(); has_lists() says whether the buffer
+  // reaches past them): a backend that derives them itself (the CUDA
+  // backend, on the device) needs no more.
   const std::vector<int32_t>& buffer() const { return buffer_; }
   const StepLayout& layout() const { return layout_; }
-  bool has_lists() const { return lists_; }
+  bool has_lists() const { return int64_t(buffer_.size()) == layout_.total; }
   StepView view() const;
 
   std::span<const int32_t> positions() const { return span(layout_.positions, dims_.tokens); }
@@ -59,7 +60,6 @@ class StepMetadata {
   StepDims dims_;
   StepLayout layout_ = step_layout(StepDims{});
   std::vector<int32_t> buffer_ = std::vector<int32_t>(size_t(layout_.total), 0);
-  bool lists_ = true;
 };
 
 // Validates each run against the block manager (known request, contiguous
