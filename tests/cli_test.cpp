@@ -155,6 +155,9 @@ TEST(Cli, RunSmallWorkloadWithJson) {
   const nlohmann::json& m = j.at("memory_bytes");
   for (const char* k : {"weights", "weight_copies", "caches", "workspace"}) EXPECT_GT(m.at(k).get<int64_t>(), 0) << k;
   EXPECT_EQ(j.at("device"), "cpu");
+  EXPECT_EQ(j.at("finished"), 3);
+  EXPECT_EQ(j.at("rejected"), 0);
+  EXPECT_TRUE(j.at("errors").empty());
   EXPECT_TRUE(has(r, "by cache: compressed entries + indexer keys")) << r.out;
 }
 
@@ -266,6 +269,12 @@ TEST(Cli, RunFailsWhenEveryRequestIsRejected) {
                        "generated need positions up to 101, past max_position_embeddings (64))");
   EXPECT_TRUE(has(r, "steps 0,")) << r.out;  // rejected before any work
   EXPECT_TRUE(has(r, "finished 0 requests, 2 rejected")) << r.out;
+  // Many: every one counted, the first reasons listed.
+  const Result many = cli("run --config " + (dir / "config.json").string() + " --requests 40 --prompt 200 --gen 2");
+  expect_user_error(many, "every request was rejected (40 rejected; the first: request 0: ");
+  EXPECT_TRUE(has(many, "  rejected: request 31: ")) << many.out;
+  EXPECT_FALSE(has(many, "  rejected: request 32: ")) << many.out;
+  EXPECT_TRUE(has(many, "  (and 8 more rejected)")) << many.out;
   // Some rejected, some served: the run did its job for those.
   const Result some = cli("run --config " + (dir / "config.json").string() + " --requests 2 --prompt 100 --gen 2");
   EXPECT_EQ(some.status, 0) << some.out;

@@ -1,6 +1,8 @@
 // The scheduler and the workload runner behind `dsv4 run`.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <random>
 #include <set>
@@ -83,8 +85,8 @@ TEST(Scheduler, AStalledRunPreemptsTheYoungestHolder) {
   EXPECT_TRUE(out.failed.empty());
   EXPECT_TRUE(out.finished.empty());
   st = s.next_step();
-  EXPECT_EQ(st.admitted, std::vector<int64_t>{2});
-  ASSERT_EQ(st.runs.size(), 2u);  // 0 decodes, 1 retries, 2 waits behind 1
+  EXPECT_TRUE(st.admitted.empty());  // 2 waits behind 1, not admitted to hold its place for nothing
+  ASSERT_EQ(st.runs.size(), 2u);     // 0 decodes, 1 retries
   EXPECT_TRUE(st.decode[0]);
   EXPECT_EQ(st.runs[0].request, 0);
   ASSERT_NE(run_of(st, 1), nullptr);
@@ -93,6 +95,7 @@ TEST(Scheduler, AStalledRunPreemptsTheYoungestHolder) {
   out = s.complete(st, {});
   EXPECT_TRUE(out.preempted.empty());
   st = s.next_step();
+  EXPECT_EQ(st.admitted, std::vector<int64_t>{2});
   ASSERT_NE(run_of(st, 2), nullptr);
   EXPECT_EQ(run_of(st, 2)->start_pos, 0);
   EXPECT_EQ(run_of(st, 2)->len, 10);
@@ -160,6 +163,22 @@ TEST(Scheduler, AloneAChunkIsHalvedThenItsRequestFails) {
   st = t.next_step();
   EXPECT_EQ(st.runs[0].start_pos, 48);
   EXPECT_EQ(st.runs[0].len, 64);
+}
+
+// Each request admitted gets a token of the step's budget: with room for
+// many more running requests than tokens, the rest wait in the queue (opened,
+// they would hold their place for nothing).
+TEST(Scheduler, AdmitsNoMoreRequestsThanTheBudgetHasTokensFor) {
+  Scheduler s(SchedulerOptions{4, INT32_MAX});
+  for (int i = 0; i < 100; ++i) s.add({i, 3, 0});
+  EXPECT_FALSE(s.wants_requests());  // more queued than any step can admit
+  ScheduledStep st = s.next_step();
+  EXPECT_EQ(st.admitted, (std::vector<int64_t>{0, 1}));  // 3 tokens, then 1
+  EXPECT_EQ(s.running(), 2u);
+  s.complete(st, {});
+  st = s.next_step();  // 0 has finished
+  EXPECT_EQ(st.admitted, std::vector<int64_t>{2});  // 1's last 2 tokens first, then 2 of 2's
+  EXPECT_EQ(s.running(), 2u);
 }
 
 // Random workloads against a model of the caches: a request holds a unit a
@@ -286,6 +305,50 @@ TEST(Workload, ARequestThatCannotFitAloneIsRejectedAndTheOthersServed) {
   }
   EXPECT_EQ(r.prefill_tokens + r.decode_tokens - r.recomputed_tokens, served);
   for (const std::string& e : r.errors) EXPECT_NE(e.find("it cannot fit"), std::string::npos) << e;
+}
+
+// The requests are made as the scheduler has room for them: a workload of
+// any size holds a few at once (a vector of 2^31 requests was 100 GB).
+TEST(Workload, RequestsAreMadeAsTheSchedulerTakesThem) {
+  EngineOptions eo;
+  eo.profile = Profile::kExact;
+  eo.workload = CacheWorkload{4, 2, 6};
+  auto engine = Engine::from_seed(preset_config("mini"), 1, eo);
+  Scheduler sched(SchedulerOptions{6, 4});
+  int64_t made = 0, ended = 0, most_held = 0;  // held: made, not yet finished
+  const WorkloadSource source{2000, [&](int64_t i) {
+                                most_held = std::max(most_held, ++made - ended);
+                                return WorkloadRequest{i, 1 + int(i % 2), 0};
+                              }};
+  const WorkloadReport r = run_workload(*engine, sched, source, 5, [&](const StepProgress& p) {
+    EXPECT_EQ(p.requests_total, 2000);
+    ended = p.requests_ended;
+  });
+  EXPECT_EQ(r.finished, 2000);
+  EXPECT_EQ(made, 2000);
+  EXPECT_EQ(r.prefill_tokens, 3000);
+  EXPECT_LE(most_held, 4 + 4);  // running, and a queue of what one step may admit
+  EXPECT_GE(most_held, 4);
+}
+
+// Every rejected request is counted; the reasons of the first few are kept.
+TEST(Workload, ManyRejectedRequestsKeepTheFirstReasons) {
+  ModelConfig c = preset_config("mini");
+  c.max_position_embeddings = 64;
+  EngineOptions eo;
+  eo.profile = Profile::kExact;
+  eo.workload = CacheWorkload{2, 64, 64};
+  auto engine = Engine::from_seed(c, 1, eo);
+  Scheduler sched(SchedulerOptions{64, 2});
+  std::vector<WorkloadRequest> reqs;
+  for (int i = 0; i < 50; ++i) reqs.push_back({i, 60 + i % 10, 5});  // past 64 from 60 + 5
+  const WorkloadReport r = run_workload(*engine, sched, reqs, 5);
+  EXPECT_EQ(r.steps, 0);
+  EXPECT_EQ(r.finished, 0);
+  EXPECT_EQ(r.rejected, 50);
+  ASSERT_EQ(r.errors.size(), WorkloadReport::kReasonsKept);
+  EXPECT_EQ(r.errors[0].rfind("request 0: a prompt of 60 tokens and 5 generated", 0), 0u) << r.errors[0];
+  EXPECT_EQ(r.errors.back().rfind("request 31: ", 0), 0u) << r.errors.back();
 }
 
 // A request whose last position is past the model's is rejected before any

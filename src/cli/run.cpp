@@ -62,14 +62,14 @@ double dense_weight_bytes(const ModelConfig& c) {
   return bytes;
 }
 
-// Prompt lengths spread over [P/2, P] so chunk boundaries land on every residue.
-std::vector<WorkloadRequest> make_workload(const RunArgs& a) {
-  std::vector<WorkloadRequest> reqs;
-  for (int i = 0; i < a.requests; ++i) {
-    const int len = a.requests > 1 ? a.prompt / 2 + int(int64_t(a.prompt - a.prompt / 2) * i / (a.requests - 1)) : a.prompt;
-    reqs.push_back({i, std::max(1, len), a.gen});
-  }
-  return reqs;
+// Prompt lengths spread over [P/2, P] so chunk boundaries land on every
+// residue; made as the scheduler takes them, shortest first.
+WorkloadSource make_workload(const RunArgs& a) {
+  const int64_t n = a.requests, p = a.prompt, gen = a.gen;
+  return {n, [n, p, gen](int64_t i) {
+            const int64_t len = n > 1 ? p / 2 + (p - p / 2) * i / (n - 1) : p;
+            return WorkloadRequest{i, int(std::max<int64_t>(1, len)), int(gen)};
+          }};
 }
 
 nlohmann::json report_json(const WorkloadReport& r, const ModelConfig& c, const RunArgs& a, const Engine& e) {
@@ -100,7 +100,8 @@ nlohmann::json report_json(const WorkloadReport& r, const ModelConfig& c, const 
   j["peak_tokens_held"] = r.peak_tokens_held;
   j["dense_mla_bytes_at_peak"] = double(r.peak_tokens_held) * c.num_layers * kKvEntryBytes;
   j["finished"] = r.finished;
-  j["errors"] = r.errors;
+  j["rejected"] = r.rejected;
+  j["errors"] = r.errors;  // the first WorkloadReport::kReasonsKept reasons
   j["stalled_runs"] = r.stalled_runs;
   j["preemptions"] = r.preemptions;
   j["recomputed_tokens"] = r.recomputed_tokens;
@@ -143,9 +144,11 @@ void print_report(const WorkloadReport& r, const ModelConfig& c) {
   if (r.stalled_runs > 0)
     std::printf("cache full: %lld runs waited for pages; %d preemptions, %lld tokens computed again\n",
                 (long long)r.stalled_runs, r.preemptions, (long long)r.recomputed_tokens);
-  std::printf("finished %d requests, %zu rejected, checksum %.6f, %lld non-finite values\n", r.finished,
-              r.errors.size(), r.checksum, (long long)r.nonfinite_values);
+  std::printf("finished %lld requests, %lld rejected, checksum %.6f, %lld non-finite values\n", (long long)r.finished,
+              (long long)r.rejected, r.checksum, (long long)r.nonfinite_values);
   for (const auto& e : r.errors) std::printf("  rejected: %s\n", e.c_str());
+  if (r.rejected > int64_t(r.errors.size()))
+    std::printf("  (and %lld more rejected)\n", (long long)(r.rejected - int64_t(r.errors.size())));
 }
 
 // The --json destination, opened before the run so that a bad path fails
@@ -245,12 +248,10 @@ void run_main(const RunArgs& a) {
   std::printf("weights: %s%s\n",
               a.checkpoint.empty() ? ("synthetic, seed " + std::to_string(a.seed)).c_str() : a.checkpoint.c_str(),
               eo.cache_weights ? "" : " (dequantized per use: float32 copies would not fit --weight-cache-gib)");
-  const std::vector<WorkloadRequest> workload = make_workload(a);
-  const auto [shortest, longest] = std::minmax_element(workload.begin(), workload.end(), [](const auto& x, const auto& y) {
-    return x.prompt_len < y.prompt_len;
-  });
+  const WorkloadSource workload = make_workload(a);
   std::printf("workload: %d requests, prompts %d..%d tokens, %d decode steps each, %d tokens per step, %d running\n",
-              a.requests, shortest->prompt_len, longest->prompt_len, a.gen, a.budget, a.max_running);
+              a.requests, workload.at(0).prompt_len, workload.at(workload.count - 1).prompt_len, a.gen, a.budget,
+              a.max_running);
   std::fflush(stdout);
   auto engine = a.checkpoint.empty() ? Engine::from_seed(c, a.seed, eo) : Engine::from_checkpoint(c, a.checkpoint, eo);
   print_memory(*engine);
@@ -258,8 +259,8 @@ void run_main(const RunArgs& a) {
   const bool tty = isatty(fileno(stderr));
   auto progress = [&](const StepProgress& p) {
     if (!tty) return;
-    std::fprintf(stderr, "\r  step %4d  %7lld / %lld tokens  %zu running ", p.step, (long long)p.tokens_done,
-                 (long long)p.tokens_total, p.running);
+    std::fprintf(stderr, "\r  step %4d  %7lld tokens  %lld / %lld requests ended  %zu running ", p.step,
+                 (long long)p.tokens_done, (long long)p.requests_ended, (long long)p.requests_total, p.running);
     std::fflush(stderr);
   };
   const WorkloadReport r = run_workload(*engine, sched, workload, a.seed, progress);
@@ -268,7 +269,7 @@ void run_main(const RunArgs& a) {
   print_memory(*engine);
   json.write(report_json(r, c, a, *engine).dump(2) + "\n");
   // A run that served nothing, or served NaN, did not do its job.
-  DSV4_REQUIRE(r.finished > 0, "every request was rejected (" + std::to_string(r.errors.size()) + " rejected" +
+  DSV4_REQUIRE(r.finished > 0, "every request was rejected (" + std::to_string(r.rejected) + " rejected" +
                               (r.errors.empty() ? ")" : "; the first: " + r.errors.front() + ")"));
   DSV4_REQUIRE(r.nonfinite_values == 0, "the outputs went non-finite: " + std::to_string(r.nonfinite_values) +
                                        " values of the hidden state were NaN or Inf (are the weights finite? "

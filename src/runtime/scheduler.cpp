@@ -27,7 +27,7 @@ size_t Scheduler::oldest_stalled() const {
 ScheduledStep Scheduler::next_step() {
   ScheduledStep step;
   int budget = opt_.token_budget;
-  // Requests admitted after the oldest stalled one wait (admissions below come after it too).
+  // Requests admitted after the oldest stalled one wait.
   const size_t last = oldest_stalled();
   // Decode first: one token each for requests past their prompt.
   for (size_t i = 0; i < running_.size() && i <= last && budget > 0; ++i) {
@@ -38,19 +38,24 @@ ScheduledStep Scheduler::next_step() {
       --budget;
     }
   }
-  while (running_.size() < size_t(opt_.max_running) && !waiting_.empty()) {
-    running_.emplace_back().req = waiting_.front();
-    step.admitted.push_back(waiting_.front().id);
-    waiting_.pop_front();
-  }
   // Then prefill chunks, oldest request first.
-  for (size_t i = 0; i < running_.size() && i <= last && budget > 0; ++i) {
+  auto prefill = [&](size_t i) {
     const Live& l = running_[i];
-    if (l.pos >= l.req.prompt_len) continue;
+    if (l.pos >= l.req.prompt_len) return;
     const int len = int(std::min<int64_t>(std::min(budget, l.max_chunk), l.req.prompt_len - l.pos));
     step.runs.push_back({l.req.id, l.pos, len});
     step.decode.push_back(false);
     budget -= len;
+  };
+  for (size_t i = 0; i < running_.size() && i <= last && budget > 0; ++i) prefill(i);
+  // Then new requests, as many as the budget has tokens for: an admitted
+  // request is opened, and one without tokens would hold its place for
+  // nothing. None while a request is stalled: they would wait behind it.
+  while (last == SIZE_MAX && budget > 0 && running_.size() < size_t(opt_.max_running) && !waiting_.empty()) {
+    running_.emplace_back().req = waiting_.front();
+    step.admitted.push_back(waiting_.front().id);
+    waiting_.pop_front();
+    prefill(running_.size() - 1);
   }
   return step;
 }

@@ -15,6 +15,7 @@
 // compressor rows and window, shrink with it), and the cap doubles again
 // after each chunk that fits; a run of one token that still does not fit
 // never will, and its request fails.
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -66,6 +67,12 @@ class Scheduler {
   // request; a run the caches could not hold stalls it (see the top).
   StepOutcome complete(const ScheduledStep& step, const std::vector<RunError>& rejected);
   bool done() const { return waiting_.empty() && running_.empty(); }
+  // Whether its queue holds fewer requests than a step may admit (each one
+  // admitted gets a token of the budget): a source of requests adds them as
+  // this asks, instead of all at once.
+  bool wants_requests() const {
+    return waiting_.size() < size_t(std::min(opt_.max_running, opt_.token_budget));
+  }
   size_t running() const { return running_.size(); }
 
  private:

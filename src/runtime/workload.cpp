@@ -47,16 +47,45 @@ class RequestSums {
 // Why a request can never be served whole (empty: it can): its last token's
 // position is past the model's, or the caches could not hold it even alone.
 // Planning and the caches would reject it too, but only once its prefill got
-// there, after up to a million tokens of work.
-std::string why_unservable(const WorkloadRequest& r, const Engine& engine) {
-  const int64_t total = int64_t(r.prompt_len) + r.gen_len, limit = engine.config().max_position_embeddings;
-  const std::string who = "request " + std::to_string(r.id) + ": ";
-  if (total > limit)
-    return who + "a prompt of " + std::to_string(r.prompt_len) + " tokens and " + std::to_string(r.gen_len) +
-           " generated need positions up to " + std::to_string(total - 1) + ", past max_position_embeddings (" +
-           std::to_string(limit) + ")";
-  const std::string cache = engine.blocks().why_never_fits(total);
-  return cache.empty() ? cache : who + cache;
+// there, after up to a million tokens of work. The caches' verdict depends on
+// the request's length alone and only worsens with it (a longer request
+// reaches every position a shorter one does, and the reason found for the
+// shorter holds for it), so where it turns is remembered: most requests need
+// no scan of the block manager.
+class Servability {
+ public:
+  explicit Servability(const Engine& engine) : engine_(engine) {}
+
+  std::string why_not(const WorkloadRequest& r) {
+    const int64_t total = int64_t(r.prompt_len) + r.gen_len, limit = engine_.config().max_position_embeddings;
+    const std::string who = "request " + std::to_string(r.id) + ": ";
+    if (total > limit)
+      return who + "a prompt of " + std::to_string(r.prompt_len) + " tokens and " + std::to_string(r.gen_len) +
+             " generated need positions up to " + std::to_string(total - 1) + ", past max_position_embeddings (" +
+             std::to_string(limit) + ")";
+    const std::string cache = caches_why_not(total);
+    return cache.empty() ? cache : who + cache;
+  }
+
+ private:
+  std::string caches_why_not(int64_t total) {
+    if (total <= fits_up_to_) return {};
+    if (total >= fails_from_) return fails_why_;
+    std::string why = engine_.blocks().why_never_fits(total);
+    if (why.empty()) fits_up_to_ = total;
+    else fails_from_ = total, fails_why_ = why;
+    return why;
+  }
+
+  const Engine& engine_;
+  int64_t fits_up_to_ = 0;          // every length up to this fits
+  int64_t fails_from_ = INT64_MAX;  // every length from this on does not, for fails_why_
+  std::string fails_why_;
+};
+
+void reject(WorkloadReport& rep, std::string why) {
+  ++rep.rejected;
+  if (rep.errors.size() < WorkloadReport::kReasonsKept) rep.errors.push_back(std::move(why));
 }
 
 // The caches' footprint after a step's writes, kept where it peaks.
@@ -83,24 +112,29 @@ void synthetic_embedding(uint64_t seed, int64_t request, int64_t pos, int dim, f
   }
 }
 
-WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vector<WorkloadRequest>& requests,
-                            uint64_t seed, const std::function<void(const StepProgress&)>& progress) {
+WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const WorkloadSource& requests, uint64_t seed,
+                            const std::function<void(const StepProgress&)>& progress) {
   const ModelConfig& c = engine.config();
   const int D = c.hidden_size;
   WorkloadReport rep;
   StepProgress prog;
-  for (const auto& r : requests) {
-    if (std::string why = why_unservable(r, engine); !why.empty()) {
-      rep.errors.push_back(std::move(why));  // it fails alone, before any step computes a token of it
-      continue;
+  prog.requests_total = requests.count;
+  Servability servable(engine);
+  int64_t next = 0;  // the source's next request
+  // The scheduler's queue, kept as long as the next step could admit: a
+  // request that can never be served fails alone, before any step computes a
+  // token of it.
+  auto top_up = [&] {
+    while (next < requests.count && scheduler.wants_requests()) {
+      const WorkloadRequest r = requests.at(next++);
+      if (std::string why = servable.why_not(r); !why.empty()) reject(rep, std::move(why));
+      else scheduler.add(r);
     }
-    scheduler.add(r);
-    prog.tokens_total += r.prompt_len + r.gen_len;
-  }
+  };
   for (int l = 0; l < c.num_layers; ++l) ++rep.layer_counts[size_t(c.layer_type(l))];
   const auto t_start = std::chrono::steady_clock::now();
   RequestSums sums;
-  while (!scheduler.done()) {
+  for (top_up(); !scheduler.done(); top_up()) {
     const auto t_step = std::chrono::steady_clock::now();
     ScheduledStep step = scheduler.next_step();
     for (int64_t id : step.admitted) engine.open_request(id);
@@ -121,9 +155,8 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
     const StepOutcome out = scheduler.complete(step, rejected);
     for (int64_t id : out.finished) engine.close_request(id), sums.finish(id);
     for (int64_t id : out.preempted) engine.close_request(id), sums.drop(id);
-    for (const auto& f : out.failed)
-      engine.close_request(f.request), sums.drop(f.request), rep.errors.push_back(f.reason);
-    rep.finished += int(out.finished.size());
+    for (const auto& f : out.failed) engine.close_request(f.request), sums.drop(f.request), reject(rep, f.reason);
+    rep.finished += int64_t(out.finished.size());
     rep.preemptions += int(out.preempted.size());
     rep.recomputed_tokens += out.recomputed_tokens;
     const double dt = seconds_since(t_step);
@@ -133,11 +166,18 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vec
     (prefill > 0 ? rep.prefill_step_seconds : rep.decode_step_seconds) += dt;
     ++rep.steps;
     prog.step = rep.steps, prog.tokens_done += T, prog.running = scheduler.running();
+    prog.requests_ended = rep.finished + rep.rejected;
     if (progress) progress(prog);
   }
   rep.total_seconds = seconds_since(t_start);
   rep.checksum = sums.mean();
   return rep;
+}
+
+WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vector<WorkloadRequest>& requests,
+                            uint64_t seed, const std::function<void(const StepProgress&)>& progress) {
+  const WorkloadSource source{int64_t(requests.size()), [&](int64_t i) { return requests[size_t(i)]; }};
+  return run_workload(engine, scheduler, source, seed, progress);
 }
 
 }  // namespace dsv4

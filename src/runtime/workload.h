@@ -25,8 +25,10 @@ struct WorkloadReport {
   std::array<size_t, kNumCacheGroups> peak_group_bytes{};  // the same bytes, per cache group
   size_t peak_cache_total = 0;
   int64_t peak_tokens_held = 0;    // context tokens held at that peak
-  int finished = 0;
-  std::vector<std::string> errors;  // why each dropped request was dropped
+  int64_t finished = 0;
+  int64_t rejected = 0;             // requests dropped, before their first step or during the run
+  std::vector<std::string> errors;  // why, for the first kReasonsKept of them
+  static constexpr size_t kReasonsKept = 32;
   int64_t stalled_runs = 0;         // runs the caches could not hold when they came (retried)
   int preemptions = 0;              // requests sent back to position 0 to free their pages
   int64_t recomputed_tokens = 0;    // tokens those requests had served, served again
@@ -39,13 +41,23 @@ struct WorkloadReport {
 
 struct StepProgress {
   int step = 0;
-  int64_t tokens_done = 0, tokens_total = 0;
+  int64_t tokens_done = 0;
+  int64_t requests_ended = 0, requests_total = 0;  // ended: finished or rejected
   size_t running = 0;
+};
+
+// A workload's requests, made one at a time as the scheduler has room for
+// them: a run of 2^31 requests holds a few of them at once, not 2^31.
+struct WorkloadSource {
+  int64_t count = 0;
+  std::function<WorkloadRequest(int64_t)> at;  // request i, for i in [0, count)
 };
 
 // The synthetic input of (request, position): a deterministic N(0, 1) vector.
 void synthetic_embedding(uint64_t seed, int64_t request, int64_t pos, int dim, float* out);
 
+WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const WorkloadSource& requests, uint64_t seed,
+                            const std::function<void(const StepProgress&)>& progress = {});
 WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vector<WorkloadRequest>& requests,
                             uint64_t seed, const std::function<void(const StepProgress&)>& progress = {});
 
