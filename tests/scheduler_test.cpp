@@ -241,13 +241,20 @@ TEST(Scheduler, RandomWorkloadsEndAndServeEveryRequestThatFitsAlone) {
 namespace {
 const std::vector<WorkloadRequest> kMiniRequests = {{0, 300, 4}, {1, 131, 6}, {2, 3, 9}, {3, 260, 2}};
 
-WorkloadReport run_mini(int budget, uint64_t seed = 5, int64_t cache_bytes = INT64_MAX) {
-  const ModelConfig c = preset_config("mini");
+// The mini preset in exact numerics, for `w`'s requests, lengths and steps.
+std::unique_ptr<Engine> mini_engine(const CacheWorkload& w, int64_t cache_bytes = INT64_MAX,
+                                    int64_t max_positions = 0) {
+  ModelConfig c = preset_config("mini");
+  if (max_positions > 0) c.max_position_embeddings = max_positions;
   EngineOptions eo;
   eo.profile = Profile::kExact;
   eo.cache_bytes = cache_bytes;
-  eo.workload = CacheWorkload{4, 400, budget};
-  auto engine = Engine::from_seed(c, 1, eo);
+  eo.workload = w;
+  return Engine::from_seed(c, 1, eo);
+}
+
+WorkloadReport run_mini(int budget, uint64_t seed = 5, int64_t cache_bytes = INT64_MAX) {
+  auto engine = mini_engine(CacheWorkload{4, 400, budget}, cache_bytes);
   Scheduler sched(SchedulerOptions{budget, 4});
   return run_workload(*engine, sched, kMiniRequests, seed);
 }
@@ -310,10 +317,7 @@ TEST(Workload, ARequestThatCannotFitAloneIsRejectedAndTheOthersServed) {
 // The requests are made as the scheduler has room for them: a workload of
 // any size holds a few at once (a vector of 2^31 requests was 100 GB).
 TEST(Workload, RequestsAreMadeAsTheSchedulerTakesThem) {
-  EngineOptions eo;
-  eo.profile = Profile::kExact;
-  eo.workload = CacheWorkload{4, 2, 6};
-  auto engine = Engine::from_seed(preset_config("mini"), 1, eo);
+  auto engine = mini_engine(CacheWorkload{4, 2, 6});
   Scheduler sched(SchedulerOptions{6, 4});
   int64_t made = 0, ended = 0, most_held = 0;  // held: made, not yet finished
   const WorkloadSource source{2000, [&](int64_t i) {
@@ -333,12 +337,7 @@ TEST(Workload, RequestsAreMadeAsTheSchedulerTakesThem) {
 
 // Every rejected request is counted; the reasons of the first few are kept.
 TEST(Workload, ManyRejectedRequestsKeepTheFirstReasons) {
-  ModelConfig c = preset_config("mini");
-  c.max_position_embeddings = 64;
-  EngineOptions eo;
-  eo.profile = Profile::kExact;
-  eo.workload = CacheWorkload{2, 64, 64};
-  auto engine = Engine::from_seed(c, 1, eo);
+  auto engine = mini_engine(CacheWorkload{2, 64, 64}, INT64_MAX, 64);
   Scheduler sched(SchedulerOptions{64, 2});
   std::vector<WorkloadRequest> reqs;
   for (int i = 0; i < 50; ++i) reqs.push_back({i, 60 + i % 10, 5});  // past 64 from 60 + 5
@@ -355,12 +354,7 @@ TEST(Workload, ManyRejectedRequestsKeepTheFirstReasons) {
 // step computes a token of it (the step's own check would reject it only
 // once its prefill got there); one that ends exactly at the limit is served.
 TEST(Workload, ARequestPastTheModelsPositionsIsRejectedBeforeItsFirstStep) {
-  ModelConfig c = preset_config("mini");
-  c.max_position_embeddings = 320;
-  EngineOptions eo;
-  eo.profile = Profile::kExact;
-  eo.workload = CacheWorkload{3, 320, 64};
-  auto engine = Engine::from_seed(c, 1, eo);
+  auto engine = mini_engine(CacheWorkload{3, 320, 64}, INT64_MAX, 320);
   Scheduler sched(SchedulerOptions{64, 3});
   const std::vector<WorkloadRequest> reqs = {{0, 316, 4}, {1, 300, 21}, {2, 20, 3}};
   const WorkloadReport r = run_workload(*engine, sched, reqs, 5);
