@@ -159,6 +159,14 @@ TEST(Cli, RunSmallWorkloadWithJson) {
   EXPECT_EQ(j.at("rejected"), 0);
   EXPECT_TRUE(j.at("errors").empty());
   EXPECT_TRUE(has(r, "by cache: compressed entries + indexer keys")) << r.out;
+  // '-': standard output holds the JSON alone, the text report goes to standard error.
+  const std::string small = "run --preset mini --device cpu --requests 1 --prompt 8 --gen 1 --json -";
+  const Result stdout_only = cli(small, "2>/dev/null");
+  ASSERT_EQ(stdout_only.status, 0) << stdout_only.out;
+  EXPECT_EQ(nlohmann::json::parse(stdout_only.out).at("finished"), 1) << stdout_only.out;
+  const Result stderr_only = cli(small, "2>&1 >/dev/null");
+  EXPECT_TRUE(has(stderr_only, "finished 1 requests, 0 rejected")) << stderr_only.out;
+  EXPECT_FALSE(has(stderr_only, "\"finished\"")) << stderr_only.out;
 }
 
 TEST(Cli, RunRejectsBadArguments) {

@@ -110,45 +110,47 @@ nlohmann::json report_json(const WorkloadReport& r, const ModelConfig& c, const 
   return j;
 }
 
-void print_report(const WorkloadReport& r, const ModelConfig& c) {
+void print_report(FILE* out, const WorkloadReport& r, const ModelConfig& c) {
   const double mib = 1024.0 * 1024;
   auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
-  std::printf("steps %d, total %.2f s\n", r.steps, r.total_seconds);
-  std::printf("prefill: %lld tokens in %.2f s of steps with prefill = %.1f tokens/s\n", (long long)r.prefill_tokens,
-              r.prefill_step_seconds, rate(double(r.prefill_tokens), r.prefill_step_seconds));
-  std::printf("decode:  %lld tokens, %.2f s of decode-only steps = %.1f tokens/s\n", (long long)r.decode_tokens,
-              r.decode_step_seconds, rate(double(r.decode_tokens), r.decode_step_seconds));
-  std::printf("time per layer type (all steps):\n");
+  std::fprintf(out, "steps %d, total %.2f s\n", r.steps, r.total_seconds);
+  std::fprintf(out, "prefill: %lld tokens in %.2f s of steps with prefill = %.1f tokens/s\n",
+               (long long)r.prefill_tokens, r.prefill_step_seconds,
+               rate(double(r.prefill_tokens), r.prefill_step_seconds));
+  std::fprintf(out, "decode:  %lld tokens, %.2f s of decode-only steps = %.1f tokens/s\n", (long long)r.decode_tokens,
+               r.decode_step_seconds, rate(double(r.decode_tokens), r.decode_step_seconds));
+  std::fprintf(out, "time per layer type (all steps):\n");
   for (int t = 0; t < kNumLayerTypes; ++t) {
     if (!r.layer_counts[size_t(t)]) continue;
-    std::printf("  %-8s %2d layers %8.2f s  (%.2f ms per layer per step)\n",
-                std::string(layer_type_name(LayerType(t))).c_str(), r.layer_counts[size_t(t)],
-                r.layer_seconds[size_t(t)],
-                1e3 * r.layer_seconds[size_t(t)] / (r.layer_counts[size_t(t)] * std::max(1, r.steps)));
+    std::fprintf(out, "  %-8s %2d layers %8.2f s  (%.2f ms per layer per step)\n",
+                 std::string(layer_type_name(LayerType(t))).c_str(), r.layer_counts[size_t(t)],
+                 r.layer_seconds[size_t(t)],
+                 1e3 * r.layer_seconds[size_t(t)] / (r.layer_counts[size_t(t)] * std::max(1, r.steps)));
   }
-  std::printf("cache in use at its peak (%lld context tokens held):\n", (long long)r.peak_tokens_held);
+  std::fprintf(out, "cache in use at its peak (%lld context tokens held):\n", (long long)r.peak_tokens_held);
   for (int t = 0; t < kNumLayerTypes; ++t)
     if (r.layer_counts[size_t(t)])
-      std::printf("  %-8s %10.2f MiB\n", std::string(layer_type_name(LayerType(t))).c_str(),
-                  r.peak_cache_bytes[size_t(t)] / mib);
+      std::fprintf(out, "  %-8s %10.2f MiB\n", std::string(layer_type_name(LayerType(t))).c_str(),
+                   r.peak_cache_bytes[size_t(t)] / mib);
   const double dense = double(r.peak_tokens_held) * c.num_layers * kKvEntryBytes;
-  std::printf("  total    %10.2f MiB   (dense MLA, %d layers x 584 B per token: %.2f MiB)\n", r.peak_cache_total / mib,
-              c.num_layers, dense / mib);
+  std::fprintf(out, "  total    %10.2f MiB   (dense MLA, %d layers x 584 B per token: %.2f MiB)\n",
+               r.peak_cache_total / mib, c.num_layers, dense / mib);
   // What grows with context (compressed entries, indexer keys) against what a
   // request holds at any length (its SWA window pages, the fp32 compressor rows).
   const auto group = [&](CacheGroup g) { return r.peak_group_bytes[size_t(g)] / mib; };
-  std::printf("  by cache: compressed entries + indexer keys %.2f MiB (grow with context); SWA window %.2f MiB and "
-              "compressor state %.2f MiB (bounded per request)\n",
-              group(CacheGroup::kC4A) + group(CacheGroup::kC128A), group(CacheGroup::kSwa),
-              group(CacheGroup::kC4AState) + group(CacheGroup::kC128AState));
+  std::fprintf(out,
+               "  by cache: compressed entries + indexer keys %.2f MiB (grow with context); SWA window %.2f MiB and "
+               "compressor state %.2f MiB (bounded per request)\n",
+               group(CacheGroup::kC4A) + group(CacheGroup::kC128A), group(CacheGroup::kSwa),
+               group(CacheGroup::kC4AState) + group(CacheGroup::kC128AState));
   if (r.stalled_runs > 0)
-    std::printf("cache full: %lld runs waited for pages; %d preemptions, %lld tokens computed again\n",
-                (long long)r.stalled_runs, r.preemptions, (long long)r.recomputed_tokens);
-  std::printf("finished %lld requests, %lld rejected, checksum %.6f, %lld non-finite values\n", (long long)r.finished,
-              (long long)r.rejected, r.checksum, (long long)r.nonfinite_values);
-  for (const auto& e : r.errors) std::printf("  rejected: %s\n", e.c_str());
+    std::fprintf(out, "cache full: %lld runs waited for pages; %d preemptions, %lld tokens computed again\n",
+                 (long long)r.stalled_runs, r.preemptions, (long long)r.recomputed_tokens);
+  std::fprintf(out, "finished %lld requests, %lld rejected, checksum %.6f, %lld non-finite values\n",
+               (long long)r.finished, (long long)r.rejected, r.checksum, (long long)r.nonfinite_values);
+  for (const auto& e : r.errors) std::fprintf(out, "  rejected: %s\n", e.c_str());
   if (r.rejected > int64_t(r.errors.size()))
-    std::printf("  (and %lld more rejected)\n", (long long)(r.rejected - int64_t(r.errors.size())));
+    std::fprintf(out, "  (and %lld more rejected)\n", (long long)(r.rejected - int64_t(r.errors.size())));
 }
 
 // The --json destination, opened before the run so that a bad path fails
@@ -210,23 +212,26 @@ std::string size_text(int64_t bytes) {
   return buf;
 }
 
-void print_memory(const Engine& e) {
+void print_memory(FILE* out, const Engine& e) {
   const BackendMemory m = const_cast<Engine&>(e).backend().memory();
-  std::printf("%s memory: weights %s", e.options().device == Device::kCuda ? "device" : "host",
-              size_text(m.weights).c_str());
-  if (m.weight_copies > 0) std::printf(" + %s of float32 copies", size_text(m.weight_copies).c_str());
+  std::fprintf(out, "%s memory: weights %s", e.options().device == Device::kCuda ? "device" : "host",
+               size_text(m.weights).c_str());
+  if (m.weight_copies > 0) std::fprintf(out, " + %s of float32 copies", size_text(m.weight_copies).c_str());
   const bool gpu = e.options().device == Device::kCuda;
   // Host arenas grow to each cache's own peak, so together they may hold more than the cap on pages in use.
   const std::string cap = gpu ? "" : " (pages in use capped at " + size_text(e.blocks().limits().max_bytes) + ")";
-  std::printf(", caches %s%s, workspace %s", size_text(m.caches).c_str(), cap.c_str(), size_text(m.workspace).c_str());
+  std::fprintf(out, ", caches %s%s, workspace %s", size_text(m.caches).c_str(), cap.c_str(),
+               size_text(m.workspace).c_str());
   if (gpu)
-    std::printf("; the caches admit %lld tokens of compressed context over %lld requests",
-                (long long)e.blocks().limits().context_tokens(e.cache_spec()), (long long)e.options().workload.max_requests);
-  std::printf("\n");
+    std::fprintf(out, "; the caches admit %lld tokens of compressed context over %lld requests",
+                 (long long)e.blocks().limits().context_tokens(e.cache_spec()),
+                 (long long)e.options().workload.max_requests);
+  std::fprintf(out, "\n");
 }
 
 void run_main(const RunArgs& a) {
   JsonReport json(a.json);
+  FILE* const out = a.json == "-" ? stderr : stdout;  // standard output holds the JSON alone
   const ModelConfig c = pick_config(a);
   EngineOptions eo;
   eo.device = parse_device(a.device);
@@ -241,20 +246,21 @@ void run_main(const RunArgs& a) {
   if (eo.profile == Profile::kProduction) check_production_dims(c);
   eo.workload = CacheWorkload{a.max_running, int64_t(a.prompt) + a.gen, a.budget};
   eo.cache_weights = dense_weight_bytes(c) <= a.weight_cache_gib * 1024 * 1024 * 1024;
-  std::printf("dsv4 run: %s, %d layers (swaonly %d, c4a %d, c128a %d), hidden %d, %d heads, %s numerics, %s\n",
-              c.name.c_str(), c.num_layers, c.count_layers(LayerType::kSwaOnly), c.count_layers(LayerType::kC4A),
-              c.count_layers(LayerType::kC128A), c.hidden_size, c.num_heads, a.profile.c_str(),
-              std::string(device_name(eo.device)).c_str());
-  std::printf("weights: %s%s\n",
-              a.checkpoint.empty() ? ("synthetic, seed " + std::to_string(a.seed)).c_str() : a.checkpoint.c_str(),
-              eo.cache_weights ? "" : " (dequantized per use: float32 copies would not fit --weight-cache-gib)");
+  std::fprintf(out, "dsv4 run: %s, %d layers (swaonly %d, c4a %d, c128a %d), hidden %d, %d heads, %s numerics, %s\n",
+               c.name.c_str(), c.num_layers, c.count_layers(LayerType::kSwaOnly), c.count_layers(LayerType::kC4A),
+               c.count_layers(LayerType::kC128A), c.hidden_size, c.num_heads, a.profile.c_str(),
+               std::string(device_name(eo.device)).c_str());
+  std::fprintf(out, "weights: %s%s\n",
+               a.checkpoint.empty() ? ("synthetic, seed " + std::to_string(a.seed)).c_str() : a.checkpoint.c_str(),
+               eo.cache_weights ? "" : " (dequantized per use: float32 copies would not fit --weight-cache-gib)");
   const WorkloadSource workload = make_workload(a);
-  std::printf("workload: %d requests, prompts %d..%d tokens, %d decode steps each, %d tokens per step, %d running\n",
-              a.requests, workload.at(0).prompt_len, workload.at(workload.count - 1).prompt_len, a.gen, a.budget,
-              a.max_running);
-  std::fflush(stdout);
+  std::fprintf(out,
+               "workload: %d requests, prompts %d..%d tokens, %d decode steps each, %d tokens per step, %d running\n",
+               a.requests, workload.at(0).prompt_len, workload.at(workload.count - 1).prompt_len, a.gen, a.budget,
+               a.max_running);
+  std::fflush(out);
   auto engine = a.checkpoint.empty() ? Engine::from_seed(c, a.seed, eo) : Engine::from_checkpoint(c, a.checkpoint, eo);
-  print_memory(*engine);
+  print_memory(out, *engine);
   Scheduler sched(SchedulerOptions{a.budget, a.max_running});
   const bool tty = isatty(fileno(stderr));
   auto progress = [&](const StepProgress& p) {
@@ -265,12 +271,12 @@ void run_main(const RunArgs& a) {
   };
   const WorkloadReport r = run_workload(*engine, sched, workload, a.seed, progress);
   if (tty) std::fprintf(stderr, "\n");
-  print_report(r, c);
-  print_memory(*engine);
+  print_report(out, r, c);
+  print_memory(out, *engine);
   json.write(report_json(r, c, a, *engine).dump(2) + "\n");
   // A run that served nothing, or served NaN, did not do its job.
   DSV4_REQUIRE(r.finished > 0, "every request was rejected (" + std::to_string(r.rejected) + " rejected" +
-                              (r.errors.empty() ? ")" : "; the first: " + r.errors.front() + ")"));
+                                   (r.errors.empty() ? ")" : "; the first: " + r.errors.front() + ")"));
   DSV4_REQUIRE(r.nonfinite_values == 0, "the outputs went non-finite: " + std::to_string(r.nonfinite_values) +
                                        " values of the hidden state were NaN or Inf (are the weights finite? "
                                        "`dsv4 inspect` lists tensors holding NaN or Inf)");
@@ -302,12 +308,15 @@ void register_run(CLI::App& app) {
       ->check(CLI::IsMember({"mxfp4", "fp8"}));
   cmd->add_option("--weight-cache-gib", a->weight_cache_gib, "keep float32 weight copies up to this size")
       ->check(number_at_least(0));
-  cmd->add_option("--json", a->json, "also write the report as JSON to FILE ('-': stdout); checked before the run");
+  cmd->add_option("--json", a->json,
+                  "also write the report as JSON to FILE ('-': standard output, the text report then going to "
+                  "standard error); checked before the run");
   cmd->add_option("--device", a->device, "cpu, cuda, or auto (default: the GPU where there is one)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  auto* gpu_memory = cmd->add_option("--gpu-memory", a->gpu_memory,
-                  "cuda: device memory for weights, workspaces and caches: a fraction of the free memory "
-                  "(default 0.9) or a size (e.g. 80G)");
+  auto* gpu_memory =
+      cmd->add_option("--gpu-memory", a->gpu_memory,
+                      "cuda: device memory for weights, workspaces and caches: a fraction of the free memory "
+                      "(default 0.9) or a size (e.g. 80G)");
   cmd->add_option("--cache-memory", a->cache_memory,
                   "limit of the cache pages (cpu: in use, default half the machine's memory; cuda: allocated, "
                   "within what --gpu-memory leaves); when it is reached, runs wait and the youngest request is "
