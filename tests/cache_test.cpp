@@ -203,6 +203,32 @@ TEST(BlockManager, NeverFitsIsExactlyWhereOneTokenAStepRunsOut) {
   }
 }
 
+// A longer request reaches every position a shorter one does, so once a
+// length cannot fit no longer one can (`dsv4 run` remembers where the verdict
+// turns and asks only between). Checked at every length up to 1,100 under
+// byte limits and page limits that turn at several places (129 to 1,028).
+TEST(BlockManager, NeverFitsOnlyWorsensWithLength) {
+  const ModelConfig config = preset_config("mini");
+  const CacheSpec spec(config, CacheFormats{});
+  constexpr int32_t kAmple = 1 << 20;
+  std::vector<CacheLimits> cases;
+  for (int64_t bytes : {int64_t(900) << 10, int64_t(1) << 20, int64_t(1100) << 10})
+    cases.push_back(Caches::limits(kAmple, kAmple, kAmple, kAmple, kAmple, bytes));
+  for (int32_t pages : {2, 3, 4}) cases.push_back(Caches::limits(kAmple, pages, kAmple, kAmple, kAmple, INT64_MAX));
+  int turns = 0;
+  for (const CacheLimits& l : cases) {
+    const BlockManager bm(spec, l);
+    int64_t first_failing = -1;
+    for (int64_t length = 1; length <= 1100; ++length) {
+      const bool fails = !bm.why_never_fits(length).empty();
+      if (first_failing < 0 && fails) first_failing = length;
+      ASSERT_EQ(fails, first_failing >= 0) << "fits at " << length << " after failing at " << first_failing;
+    }
+    turns += first_failing > 1;  // it turns inside the range, not at its start or past it
+  }
+  EXPECT_EQ(turns, int(cases.size()));
+}
+
 TEST(BlockManager, UnknownAndDuplicateRequests) {
   Caches c(4, 4, 4, 8, 4);
   BlockManager& bm = c.blocks;
