@@ -315,7 +315,7 @@ TEST(Workload, ARequestThatCannotFitAloneIsRejectedAndTheOthersServed) {
 }
 
 // The requests are made as the scheduler has room for them: a workload of
-// any size holds a few at once (a vector of 2^31 requests was 100 GB).
+// any size holds a few at once (2^31 requests in a vector and a queue were about 70 GB).
 TEST(Workload, RequestsAreMadeAsTheSchedulerTakesThem) {
   auto engine = mini_engine(CacheWorkload{4, 2, 6});
   Scheduler sched(SchedulerOptions{6, 4});
