@@ -157,6 +157,11 @@ TEST(Cli, RunSmallWorkloadWithJson) {
   EXPECT_EQ(j.at("device"), "cpu");
   EXPECT_EQ(j.at("finished"), 3);
   EXPECT_EQ(j.at("rejected"), 0);
+  // A first token per request, then one per decode step.
+  EXPECT_EQ(j.at("latency_ms").at("first_token").at("count"), 3);
+  EXPECT_EQ(j.at("latency_ms").at("between_tokens").at("count"), 3 * 4);
+  EXPECT_GT(j.at("latency_ms").at("between_tokens").at("median").get<double>(), 0.0);
+  EXPECT_TRUE(has(r, "latency: first token median ")) << r.out;
   EXPECT_TRUE(j.at("errors").empty());
   EXPECT_TRUE(has(r, "by cache: compressed entries + indexer keys")) << r.out;
   // '-': standard output holds the JSON alone, the text report goes to standard error.

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <random>
@@ -274,6 +275,31 @@ TEST(Workload, ServesEveryRequestAndChunkingDoesNotChangeTheResult) {
   EXPECT_NE(run_mini(512, 6).checksum, a.checksum);  // other inputs, other result
 }
 
+// Quantiles from 1%-wide buckets: within 1% of the sorted samples'; the
+// mean and the largest exact; nothing below zero.
+TEST(Latency, HistogramQuantilesAreWithinOnePercent) {
+  DurationHistogram h;
+  EXPECT_EQ(h.quantile(0.5), 0.0);
+  std::vector<double> v;
+  std::mt19937 rng(3);
+  std::lognormal_distribution<double> d(std::log(0.02), 1.5);  // 20 ms typical, a long tail
+  double sum = 0;
+  for (int i = 0; i < 20000; ++i) v.push_back(d(rng)), h.add(v.back()), sum += v.back();
+  std::sort(v.begin(), v.end());
+  for (double q : {0.01, 0.5, 0.9, 0.99, 1.0}) {
+    const double want = v[size_t(std::ceil(q * double(v.size()))) - 1];
+    EXPECT_NEAR(h.quantile(q), want, 0.01 * want) << "q " << q;
+  }
+  EXPECT_EQ(h.count(), 20000);
+  EXPECT_NEAR(h.mean(), sum / 20000, 1e-12 * sum);
+  EXPECT_EQ(h.max(), v.back());
+  DurationHistogram z;
+  z.add(-1.0), z.add(0.0), z.add(1e-9);
+  EXPECT_EQ(z.count(), 3);
+  EXPECT_LE(z.quantile(1.0), 1e-9);
+  EXPECT_GE(z.quantile(0.5), 0.0);
+}
+
 // With half the cache the ample run peaked at, requests stall, the youngest
 // are preempted and computed again from position 0: every request is served
 // and every token ends as it would have (the exact profile is schedule-free).
@@ -293,6 +319,25 @@ TEST(Workload, PreemptedRequestsComputeTheSameTokensAgain) {
             ample.prefill_tokens + ample.decode_tokens + tight.recomputed_tokens);
   EXPECT_NEAR(tight.checksum, ample.checksum, 1e-7 * ample.checksum);
   EXPECT_EQ(tight.nonfinite_values, 0);
+}
+
+// A request's first token comes when its prompt ends and one more with
+// each decode step: as many timed tokens as requests and decode steps, with
+// or without preemptions (the tokens a preempted request computes again were
+// already sent).
+TEST(Workload, EveryTokenIsTimedOnceEvenWhenComputedAgain) {
+  const WorkloadReport ample = run_mini(512);
+  const WorkloadReport tight = run_mini(512, 5, int64_t(ample.peak_cache_total / 2));
+  ASSERT_GT(tight.recomputed_tokens, 0);
+  for (const WorkloadReport* r : {&ample, &tight}) {
+    EXPECT_EQ(r->first_token.count, 4);
+    EXPECT_EQ(r->between_tokens.count, 4 + 6 + 9 + 2);
+    EXPECT_GT(r->first_token.median, 0.0);
+    EXPECT_LE(r->first_token.median, r->first_token.p99 * 1.011);
+    EXPECT_LE(r->first_token.max, r->total_seconds);
+    EXPECT_GT(r->between_tokens.median, 0.0);
+    EXPECT_LE(r->between_tokens.max, r->total_seconds);
+  }
 }
 
 // Where even one token a step cannot fit a request, that request is

@@ -88,6 +88,11 @@ nlohmann::json report_json(const WorkloadReport& r, const ModelConfig& c, const 
   j["decode"] = {{"tokens", r.decode_tokens}, {"seconds", r.decode_step_seconds},
                  {"tokens_per_s", r.decode_step_seconds > 0 ? r.decode_tokens / r.decode_step_seconds : 0}};
   j["total_seconds"] = r.total_seconds;
+  const auto latency = [](const LatencySummary& l) {
+    return nlohmann::json{{"count", l.count}, {"mean", l.mean * 1e3}, {"median", l.median * 1e3},
+                          {"p90", l.p90 * 1e3}, {"p99", l.p99 * 1e3}, {"max", l.max * 1e3}};
+  };
+  j["latency_ms"] = {{"first_token", latency(r.first_token)}, {"between_tokens", latency(r.between_tokens)}};
   for (int t = 0; t < kNumLayerTypes; ++t) {
     const std::string name(layer_type_name(LayerType(t)));
     j["layer_types"][name] = {{"layers", r.layer_counts[size_t(t)]},
@@ -119,6 +124,10 @@ void print_report(FILE* out, const WorkloadReport& r, const ModelConfig& c) {
                rate(double(r.prefill_tokens), r.prefill_step_seconds));
   std::fprintf(out, "decode:  %lld tokens, %.2f s of decode-only steps = %.1f tokens/s\n", (long long)r.decode_tokens,
                r.decode_step_seconds, rate(double(r.decode_tokens), r.decode_step_seconds));
+  // Every request arrives at the start, so the first tokens include the wait for a place.
+  std::fprintf(out, "latency: first token median %.1f ms, p99 %.1f ms; between tokens median %.2f ms, p99 %.2f ms\n",
+               r.first_token.median * 1e3, r.first_token.p99 * 1e3, r.between_tokens.median * 1e3,
+               r.between_tokens.p99 * 1e3);
   std::fprintf(out, "time per layer type (all steps):\n");
   for (int t = 0; t < kNumLayerTypes; ++t) {
     if (!r.layer_counts[size_t(t)]) continue;

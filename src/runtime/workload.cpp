@@ -120,6 +120,7 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const Workload
   StepProgress prog;
   prog.requests_total = requests.count;
   Servability servable(engine);
+  TokenTimes times;
   int64_t next = 0;  // the source's next request
   // The scheduler's queue, kept as long as the next step could admit: a
   // request that can never be served fails alone, before any step computes a
@@ -127,8 +128,12 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const Workload
   auto top_up = [&] {
     while (next < requests.count && scheduler.wants_requests()) {
       const WorkloadRequest r = requests.at(next++);
-      if (std::string why = servable.why_not(r); !why.empty()) reject(rep, std::move(why));
-      else scheduler.add(r);
+      if (std::string why = servable.why_not(r); !why.empty()) {
+        reject(rep, std::move(why));
+      } else {
+        scheduler.add(r);
+        times.add_request(r.id, r.prompt_len);
+      }
     }
   };
   for (int l = 0; l < c.num_layers; ++l) ++rep.layer_counts[size_t(c.layer_type(l))];
@@ -148,14 +153,16 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const Workload
                           h.data() + size_t(t) * D);
     engine.forward_step(s, h, h, &rep.layer_seconds);
     engine.commit(s);
+    times.step_ended(s, seconds_since(t_start));
     note_peak(engine, rep);  // before finished requests let go
     for (float v : h) rep.nonfinite_values += !std::isfinite(v);
     for (int t = 0; t < T; ++t)
       sums.add(s.runs[size_t(s.token_run()[size_t(t)])].request, std::span<const float>(h).subspan(size_t(t) * D, D));
     const StepOutcome out = scheduler.complete(step, rejected);
-    for (int64_t id : out.finished) engine.close_request(id), sums.finish(id);
+    for (int64_t id : out.finished) engine.close_request(id), sums.finish(id), times.remove_request(id);
     for (int64_t id : out.preempted) engine.close_request(id), sums.drop(id);
-    for (const auto& f : out.failed) engine.close_request(f.request), sums.drop(f.request), reject(rep, f.reason);
+    for (const auto& f : out.failed)
+      engine.close_request(f.request), sums.drop(f.request), times.remove_request(f.request), reject(rep, f.reason);
     rep.finished += int64_t(out.finished.size());
     rep.preemptions += int(out.preempted.size());
     rep.recomputed_tokens += out.recomputed_tokens;
@@ -171,6 +178,8 @@ WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const Workload
   }
   rep.total_seconds = seconds_since(t_start);
   rep.checksum = sums.mean();
+  rep.first_token = LatencySummary::of(times.first_token());
+  rep.between_tokens = LatencySummary::of(times.between_tokens());
   return rep;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "runtime/latency.h"
 #include "runtime/scheduler.h"
 
 namespace dsv4 {
@@ -37,6 +38,9 @@ struct WorkloadReport {
                                     // profile gives it for any schedule (chunks, batches,
                                     // preemptions), production numerics to about 1e-5
   int64_t nonfinite_values = 0;     // NaN or Inf among every value computed (the checksum is then NaN)
+  // Every request arrives at the run's start; its first token comes with the
+  // step that ends its prompt, one more with each decode step (TokenTimes).
+  LatencySummary first_token, between_tokens;
 };
 
 struct StepProgress {
