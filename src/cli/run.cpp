@@ -125,9 +125,13 @@ void print_report(FILE* out, const WorkloadReport& r, const ModelConfig& c) {
   std::fprintf(out, "decode:  %lld tokens, %.2f s of decode-only steps = %.1f tokens/s\n", (long long)r.decode_tokens,
                r.decode_step_seconds, rate(double(r.decode_tokens), r.decode_step_seconds));
   // Every request arrives at the start, so the first tokens include the wait for a place.
-  std::fprintf(out, "latency: first token median %.1f ms, p99 %.1f ms; between tokens median %.2f ms, p99 %.2f ms\n",
-               r.first_token.median * 1e3, r.first_token.p99 * 1e3, r.between_tokens.median * 1e3,
-               r.between_tokens.p99 * 1e3);
+  if (r.first_token.count > 0)
+    std::fprintf(out, "latency: first token median %.1f ms, p99 %.1f ms", r.first_token.median * 1e3,
+                 r.first_token.p99 * 1e3);
+  if (r.between_tokens.count > 0)
+    std::fprintf(out, "; between tokens median %.2f ms, p99 %.2f ms", r.between_tokens.median * 1e3,
+                 r.between_tokens.p99 * 1e3);
+  if (r.first_token.count > 0) std::fprintf(out, "\n");
   std::fprintf(out, "time per layer type (all steps):\n");
   for (int t = 0; t < kNumLayerTypes; ++t) {
     if (!r.layer_counts[size_t(t)]) continue;
