@@ -162,6 +162,8 @@ TEST(Cli, RunSmallWorkloadWithJson) {
   EXPECT_EQ(j.at("latency_ms").at("between_tokens").at("count"), 3 * 4);
   EXPECT_GT(j.at("latency_ms").at("between_tokens").at("median").get<double>(), 0.0);
   EXPECT_TRUE(has(r, "latency: first token median ")) << r.out;
+  EXPECT_TRUE(has(r, "arriving all at the start")) << r.out;
+  EXPECT_EQ(j.at("request_rate"), "inf");
   EXPECT_TRUE(j.at("errors").empty());
   EXPECT_TRUE(has(r, "by cache: compressed entries + indexer keys")) << r.out;
   // '-': standard output holds the JSON alone, the text report goes to standard error.
@@ -217,6 +219,9 @@ TEST(Cli, NumericOptionsAreCheckedWithReadableBounds) {
   expect_user_error(cli("run --requests 1.5"), "--requests: '1.5' is not an integer");
   expect_user_error(cli("run --weight-cache-gib nan"), "--weight-cache-gib: 'nan' is not a finite number >= 0");
   expect_user_error(cli("run --weight-cache-gib -1"), "is not a finite number >= 0");
+  expect_user_error(cli("run --request-rate 0"), "--request-rate: '0' is not a number > 0 or inf");
+  expect_user_error(cli("run --request-rate nan"), "--request-rate: 'nan' is not a number > 0 or inf");
+  expect_user_error(cli("run --request-rate 5/s"), "--request-rate: '5/s' is not a number > 0 or inf");
   // A size without its unit: bytes come whole, so "2.5" is an error, not 2 bytes.
   expect_user_error(cli("run --cache-memory 2.5"),
                     "--cache-memory: '2.5' is not a memory size (whole bytes, or a number with K, M, G or T)");
@@ -231,6 +236,10 @@ TEST(Cli, NumericOptionsAreCheckedWithReadableBounds) {
     EXPECT_FALSE(has(e, "1797693134862315")) << e.out;
     EXPECT_LT(e.out.size(), 300u) << e.out;
   }
+  const Result rate = cli("run --preset mini --device cpu --requests 3 --prompt 8 --gen 1 --request-rate 200");
+  EXPECT_EQ(rate.status, 0) << rate.out;
+  EXPECT_TRUE(has(rate, "arriving 200 a second (Poisson)")) << rate.out;
+  EXPECT_TRUE(has(rate, "finished 3 requests, 0 rejected")) << rate.out;
   const Result seed = cli("run --preset mini --requests 1 --prompt 8 --gen 1 --seed 18446744073709551615");
   EXPECT_EQ(seed.status, 0) << seed.out;
   EXPECT_TRUE(has(seed, "synthetic, seed 18446744073709551615")) << seed.out;

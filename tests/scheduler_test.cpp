@@ -380,6 +380,38 @@ TEST(Workload, RequestsAreMadeAsTheSchedulerTakesThem) {
   EXPECT_GE(most_held, 4);
 }
 
+// Requests come at their arrival: spread wider than each takes, they run
+// one at a time, the run lasts past the last arrival, and each first token
+// is timed from its own request's arrival, not from the run's start.
+TEST(Workload, RequestsComeAtTheirArrival) {
+  auto engine = mini_engine(CacheWorkload{4, 8, 64});
+  Scheduler sched(SchedulerOptions{64, 4});
+  const std::vector<WorkloadRequest> reqs = {{0, 3, 2, 0.0}, {1, 5, 2, 0.25}, {2, 4, 2, 0.5}};
+  size_t most_running = 0;
+  const WorkloadReport r = run_workload(*engine, sched, reqs, 5, [&](const StepProgress& p) {
+    most_running = std::max(most_running, p.running);
+  });
+  EXPECT_EQ(r.finished, 3);
+  EXPECT_EQ(most_running, 1u);
+  EXPECT_GE(r.total_seconds, 0.5);
+  EXPECT_EQ(r.first_token.count, 3);
+  EXPECT_LT(r.first_token.max, 0.2) << "timed from the run's start?";
+  EXPECT_EQ(r.between_tokens.count, 6);
+}
+
+// Poisson gaps: a mean of 1 / rate, the same for the same (seed, i).
+TEST(Workload, PoissonGapsHaveTheRatesMean) {
+  double sum = 0;
+  for (int i = 0; i < 40000; ++i) {
+    const double g = poisson_gap(9, i, 50.0);
+    ASSERT_GE(g, 0.0);
+    sum += g;
+  }
+  EXPECT_NEAR(sum / 40000, 1.0 / 50, 0.02 / 50);
+  EXPECT_EQ(poisson_gap(9, 17, 50.0), poisson_gap(9, 17, 50.0));
+  EXPECT_NE(poisson_gap(9, 17, 50.0), poisson_gap(10, 17, 50.0));
+}
+
 // Every rejected request is counted; the reasons of the first few are kept.
 TEST(Workload, ManyRejectedRequestsKeepTheFirstReasons) {
   auto engine = mini_engine(CacheWorkload{2, 64, 64}, INT64_MAX, 64);

@@ -90,6 +90,19 @@ CLI::Validator number_at_least(double lo) {
       "NUMBER >= " + shown(lo));
 }
 
+CLI::Validator rate_or_inf() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s == "inf") return "";
+        char* end = nullptr;
+        const double v = s.empty() ? NAN : std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v) || v <= 0)
+          return "'" + s + "' is not a number > 0 or inf";
+        return "";
+      },
+      "NUMBER > 0 or inf");
+}
+
 void note_index_keys_unused_in_exact() {
   std::fprintf(stderr, "note: --index-keys is for production numerics; the exact profile keeps float32 indexer keys\n");
 }

@@ -15,6 +15,8 @@ CLI::Validator integer_in(int64_t lo, int64_t hi);
 CLI::Validator any_uint64();
 // A finite number >= lo.
 CLI::Validator number_at_least(double lo);
+// A finite number > 0, or "inf".
+CLI::Validator rate_or_inf();
 
 // A memory size: a number of bytes with an optional K, M, G or T suffix
 // (powers of 1024; "1.5G" is allowed, "2.5" is not: bytes come whole, and

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,7 +26,7 @@ namespace {
 
 struct RunArgs {
   std::string preset = "small", config, checkpoint, profile = "production", index_keys = "mxfp4", json;
-  std::string device = "auto", gpu_memory = "0.9", cache_memory;
+  std::string device = "auto", gpu_memory = "0.9", cache_memory, request_rate = "inf";
   uint64_t seed = 0;
   int requests = 8, prompt = 512, gen = 32, budget = 512, max_running = 8;
   double weight_cache_gib = 4;
@@ -62,13 +63,29 @@ double dense_weight_bytes(const ModelConfig& c) {
   return bytes;
 }
 
-// Prompt lengths spread over [P/2, P] so chunk boundaries land on every
-// residue; made as the scheduler takes them, shortest first.
+// Request i's prompt: lengths spread over [P/2, P], shortest first, so that
+// chunk boundaries land on every residue.
+int prompt_of(const RunArgs& a, int64_t i) {
+  const int64_t n = a.requests, p = a.prompt;
+  return int(std::max<int64_t>(1, n > 1 ? p / 2 + (p - p / 2) * i / (n - 1) : p));
+}
+
+// --request-rate: requests a second, or infinity (every request at the start).
+double request_rate(const std::string& s) { return s == "inf" ? INFINITY : std::strtod(s.c_str(), nullptr); }
+
+// The requests, made as the scheduler takes them; at a finite rate their
+// arrivals are a Poisson process (gaps drawn from --seed).
 WorkloadSource make_workload(const RunArgs& a) {
-  const int64_t n = a.requests, p = a.prompt, gen = a.gen;
-  return {n, [n, p, gen](int64_t i) {
-            const int64_t len = n > 1 ? p / 2 + (p - p / 2) * i / (n - 1) : p;
-            return WorkloadRequest{i, int(std::max<int64_t>(1, len)), int(gen)};
+  struct Clock {
+    int64_t next = 0;     // the request it is at
+    double arrival = 0;   // that request's arrival
+  };
+  const double rate = request_rate(a.request_rate);
+  auto clock = std::make_shared<Clock>();
+  return {a.requests, [a, rate, clock](int64_t i) {
+            DSV4_REQUIRE(i == clock->next++, "workload: request " + std::to_string(i) + " asked out of order");
+            if (std::isfinite(rate)) clock->arrival += poisson_gap(a.seed, i, rate);
+            return WorkloadRequest{i, prompt_of(a, i), a.gen, clock->arrival};
           }};
 }
 
@@ -82,6 +99,8 @@ nlohmann::json report_json(const WorkloadReport& r, const ModelConfig& c, const 
   j["profile"] = a.profile;
   j["index_keys"] = a.profile == "exact" ? "float32" : a.index_keys;
   j["requests"] = a.requests;
+  if (a.request_rate == "inf") j["request_rate"] = "inf";
+  else j["request_rate"] = request_rate(a.request_rate);
   j["steps"] = r.steps;
   j["prefill"] = {{"tokens", r.prefill_tokens}, {"seconds", r.prefill_step_seconds},
                   {"tokens_per_s", r.prefill_step_seconds > 0 ? r.prefill_tokens / r.prefill_step_seconds : 0}};
@@ -124,7 +143,7 @@ void print_report(FILE* out, const WorkloadReport& r, const ModelConfig& c) {
                rate(double(r.prefill_tokens), r.prefill_step_seconds));
   std::fprintf(out, "decode:  %lld tokens, %.2f s of decode-only steps = %.1f tokens/s\n", (long long)r.decode_tokens,
                r.decode_step_seconds, rate(double(r.decode_tokens), r.decode_step_seconds));
-  // Every request arrives at the start, so the first tokens include the wait for a place.
+  // From each request's arrival: the first tokens include the wait for a place.
   if (r.first_token.count > 0)
     std::fprintf(out, "latency: first token median %.1f ms, p99 %.1f ms", r.first_token.median * 1e3,
                  r.first_token.p99 * 1e3);
@@ -267,10 +286,13 @@ void run_main(const RunArgs& a) {
                a.checkpoint.empty() ? ("synthetic, seed " + std::to_string(a.seed)).c_str() : a.checkpoint.c_str(),
                eo.cache_weights ? "" : " (dequantized per use: float32 copies would not fit --weight-cache-gib)");
   const WorkloadSource workload = make_workload(a);
+  const std::string arriving =
+      a.request_rate == "inf" ? "all at the start" : a.request_rate + " a second (Poisson)";
   std::fprintf(out,
-               "workload: %d requests, prompts %d..%d tokens, %d decode steps each, %d tokens per step, %d running\n",
-               a.requests, workload.at(0).prompt_len, workload.at(workload.count - 1).prompt_len, a.gen, a.budget,
-               a.max_running);
+               "workload: %d requests, prompts %d..%d tokens, %d decode steps each, %d tokens per step, %d running, "
+               "arriving %s\n",
+               a.requests, prompt_of(a, 0), prompt_of(a, a.requests - 1), a.gen, a.budget, a.max_running,
+               arriving.c_str());
   std::fflush(out);
   auto engine = a.checkpoint.empty() ? Engine::from_seed(c, a.seed, eo) : Engine::from_checkpoint(c, a.checkpoint, eo);
   print_memory(out, *engine);
@@ -315,6 +337,9 @@ void register_run(CLI::App& app) {
   cmd->add_option("--gen", a->gen, "decode steps per request")->check(integer_in(0, kIntMax));
   cmd->add_option("--budget", a->budget, "tokens per step")->check(integer_in(1, kIntMax));
   cmd->add_option("--max-running", a->max_running, "requests holding cache at once")->check(integer_in(1, kIntMax));
+  cmd->add_option("--request-rate", a->request_rate,
+                  "requests arriving a second, a Poisson process (default inf: every request at the start)")
+      ->check(rate_or_inf());
   cmd->add_option("--profile", a->profile, "numerics: production (default) or exact")
       ->check(CLI::IsMember({"exact", "production"}));
   auto* index_keys = cmd->add_option("--index-keys", a->index_keys, "indexer key cache: mxfp4 (default) or fp8")

@@ -41,8 +41,9 @@ void TokenTimes::step_ended(const StepMetadata& s, double seconds) {
     // Tokens produced once positions [0, start + len) are computed.
     const int64_t tokens = std::max<int64_t>(0, r.start_pos + r.len - l.prompt_len + 1);
     if (tokens <= l.tokens) continue;  // computed again after a preemption: already sent
-    // A run yields one token (its last position's); a decode run's gap is since the one before.
-    (l.tokens == 0 ? first_ : between_).add(l.tokens == 0 ? seconds : seconds - l.last);
+    // A run yields one token (its last position's): the first since the
+    // request's arrival, a later one since the token before.
+    (l.tokens == 0 ? first_ : between_).add(seconds - l.last);
     l.tokens = tokens, l.last = seconds;
   }
 }

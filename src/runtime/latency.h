@@ -1,8 +1,9 @@
 #pragma once
 // Token latencies as a client of the server would see them, the figures
 // vLLM's serving benchmark reports: the time to a request's first token and
-// the time between its later tokens. Every request of `dsv4 run` arrives at
-// the run's start (vLLM's `--request-rate inf`).
+// the time between its later tokens, each request timed from its arrival
+// (`dsv4 run --request-rate`; all at the start by default, as vLLM's
+// `--request-rate inf`).
 #include <array>
 #include <cstdint>
 #include <map>
@@ -44,7 +45,8 @@ struct LatencySummary {
 // yields a token, and that token's gap includes the recomputation.
 class TokenTimes {
  public:
-  void add_request(int64_t id, int prompt_len) { live_[id] = {prompt_len, 0, 0.0}; }
+  // A request that arrived at `arrival` seconds from the run's start.
+  void add_request(int64_t id, int prompt_len, double arrival) { live_[id] = {prompt_len, 0, arrival}; }
   void remove_request(int64_t id) { live_.erase(id); }
   // A step's accepted runs ended at `seconds` from the run's start.
   void step_ended(const StepMetadata& s, double seconds);
@@ -55,7 +57,7 @@ class TokenTimes {
   struct Live {
     int prompt_len = 0;
     int64_t tokens = 0;  // produced so far
-    double last = 0;     // when the last of them came
+    double last = 0;     // when the last of them came (before the first: the arrival)
   };
   std::map<int64_t, Live> live_;
   DurationHistogram first_, between_;

@@ -2,11 +2,14 @@
 
 #include "common/hash.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
 #include <numbers>
+#include <optional>
 #include <span>
+#include <thread>
 #include <utility>
 
 
@@ -100,7 +103,120 @@ void note_peak(const Engine& engine, WorkloadReport& rep) {
   rep.peak_tokens_held = engine.blocks().tokens_held();
 }
 
+// One run of a workload: the requests that have arrived go to the scheduler
+// (as long as its queue is shorter than a step may admit), its steps go
+// through every layer, and the report adds up as they end.
+class WorkloadRun {
+ public:
+  WorkloadRun(Engine& engine, Scheduler& scheduler, const WorkloadSource& requests, uint64_t seed)
+      : engine_(engine), scheduler_(scheduler), requests_(requests), seed_(seed), servable_(engine) {
+    prog_.requests_total = requests.count;
+    const ModelConfig& c = engine.config();
+    for (int l = 0; l < c.num_layers; ++l) ++rep_.layer_counts[size_t(c.layer_type(l))];
+  }
+
+  // A request that can never be served fails alone when it arrives, before
+  // any step computes a token of it.
+  void admit_arrived() {
+    const double now = seconds_since(t_start_);
+    while (scheduler_.wants_requests()) {
+      if (!pending_ && next_ < requests_.count) pending_ = requests_.at(next_++);
+      if (!pending_ || pending_->arrival > now) return;
+      const WorkloadRequest r = *std::exchange(pending_, std::nullopt);
+      if (std::string why = servable_.why_not(r); !why.empty()) {
+        reject(rep_, std::move(why));
+      } else {
+        scheduler_.add(r);
+        times_.add_request(r.id, r.prompt_len, r.arrival);
+      }
+    }
+  }
+
+  // With nothing to run: sleeps towards the next request's arrival (an hour
+  // at most at a time); false when none is left to come.
+  bool wait_for_next_arrival() const {
+    if (!pending_) return false;
+    const double wait = pending_->arrival - seconds_since(t_start_);
+    if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait, 3600.0)));
+    return true;
+  }
+
+  void step();
+  const StepProgress& progress() const { return prog_; }
+
+  WorkloadReport finish() {
+    rep_.total_seconds = seconds_since(t_start_);
+    rep_.checksum = sums_.mean();
+    rep_.first_token = LatencySummary::of(times_.first_token());
+    rep_.between_tokens = LatencySummary::of(times_.between_tokens());
+    return std::move(rep_);
+  }
+
+ private:
+  void account(const ScheduledStep& step, const StepMetadata& s, const StepOutcome& out, double seconds);
+
+  Engine& engine_;
+  Scheduler& scheduler_;
+  const WorkloadSource& requests_;
+  const uint64_t seed_;
+  Servability servable_;
+  int64_t next_ = 0;                        // the source's next request
+  std::optional<WorkloadRequest> pending_;  // drawn, not yet arrived
+  WorkloadReport rep_;
+  StepProgress prog_;
+  RequestSums sums_;
+  TokenTimes times_;
+  const std::chrono::steady_clock::time_point t_start_ = std::chrono::steady_clock::now();
+};
+
+void WorkloadRun::step() {
+  const auto t_step = std::chrono::steady_clock::now();
+  const int D = engine_.config().hidden_size;
+  ScheduledStep step = scheduler_.next_step();
+  for (int64_t id : step.admitted) engine_.open_request(id);
+  std::vector<RunError> rejected;
+  const StepMetadata s = engine_.plan(step.runs, rejected);
+  for (const RunError& e : rejected) rep_.stalled_runs += e.cache_full;
+  const int T = s.num_tokens();
+  std::vector<float> h(size_t(T) * D);
+  for (int t = 0; t < T; ++t)
+    synthetic_embedding(seed_, s.runs[size_t(s.token_run()[size_t(t)])].request, s.positions()[size_t(t)], D,
+                        h.data() + size_t(t) * D);
+  engine_.forward_step(s, h, h, &rep_.layer_seconds);
+  engine_.commit(s);
+  times_.step_ended(s, seconds_since(t_start_));
+  note_peak(engine_, rep_);  // before finished requests let go
+  for (float v : h) rep_.nonfinite_values += !std::isfinite(v);
+  for (int t = 0; t < T; ++t)
+    sums_.add(s.runs[size_t(s.token_run()[size_t(t)])].request, std::span<const float>(h).subspan(size_t(t) * D, D));
+  const StepOutcome out = scheduler_.complete(step, rejected);
+  for (int64_t id : out.finished) engine_.close_request(id), sums_.finish(id), times_.remove_request(id);
+  for (int64_t id : out.preempted) engine_.close_request(id), sums_.drop(id);
+  for (const auto& f : out.failed)
+    engine_.close_request(f.request), sums_.drop(f.request), times_.remove_request(f.request), reject(rep_, f.reason);
+  account(step, s, out, seconds_since(t_step));
+}
+
+void WorkloadRun::account(const ScheduledStep& step, const StepMetadata& s, const StepOutcome& out, double seconds) {
+  rep_.finished += int64_t(out.finished.size());
+  rep_.preemptions += int(out.preempted.size());
+  rep_.recomputed_tokens += out.recomputed_tokens;
+  int64_t prefill = 0, decode = 0;
+  for (size_t r = 0; r < s.runs.size(); ++r) (step.decode[s.input_index[r]] ? decode : prefill) += s.runs[r].len;
+  rep_.prefill_tokens += prefill, rep_.decode_tokens += decode;
+  (prefill > 0 ? rep_.prefill_step_seconds : rep_.decode_step_seconds) += seconds;
+  ++rep_.steps;
+  prog_.step = rep_.steps, prog_.tokens_done += s.num_tokens(), prog_.running = scheduler_.running();
+  prog_.requests_ended = rep_.finished + rep_.rejected;
+}
+
 }  // namespace
+
+double poisson_gap(uint64_t seed, int64_t i, double rate) {
+  uint64_t st = seed ^ 0xA0761D6478BD642Full ^ (uint64_t(i) * 0x9E3779B97F4A7C15ull);
+  const double u = (double(splitmix64(st) >> 11) + 1.0) * 0x1p-53;  // in (0, 1]
+  return -std::log(u) / rate;
+}
 
 void synthetic_embedding(uint64_t seed, int64_t request, int64_t pos, int dim, float* out) {
   uint64_t s = seed ^ (uint64_t(request) * 0xD1B54A32D192ED03ull) ^ (uint64_t(pos) * 0x8CB92BA72F3D8DD7ull);
@@ -114,73 +230,17 @@ void synthetic_embedding(uint64_t seed, int64_t request, int64_t pos, int dim, f
 
 WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const WorkloadSource& requests, uint64_t seed,
                             const std::function<void(const StepProgress&)>& progress) {
-  const ModelConfig& c = engine.config();
-  const int D = c.hidden_size;
-  WorkloadReport rep;
-  StepProgress prog;
-  prog.requests_total = requests.count;
-  Servability servable(engine);
-  TokenTimes times;
-  int64_t next = 0;  // the source's next request
-  // The scheduler's queue, kept as long as the next step could admit: a
-  // request that can never be served fails alone, before any step computes a
-  // token of it.
-  auto top_up = [&] {
-    while (next < requests.count && scheduler.wants_requests()) {
-      const WorkloadRequest r = requests.at(next++);
-      if (std::string why = servable.why_not(r); !why.empty()) {
-        reject(rep, std::move(why));
-      } else {
-        scheduler.add(r);
-        times.add_request(r.id, r.prompt_len);
-      }
+  WorkloadRun run(engine, scheduler, requests, seed);
+  while (true) {
+    run.admit_arrived();
+    if (scheduler.done()) {
+      if (!run.wait_for_next_arrival()) break;  // every request served or rejected
+      continue;
     }
-  };
-  for (int l = 0; l < c.num_layers; ++l) ++rep.layer_counts[size_t(c.layer_type(l))];
-  const auto t_start = std::chrono::steady_clock::now();
-  RequestSums sums;
-  for (top_up(); !scheduler.done(); top_up()) {
-    const auto t_step = std::chrono::steady_clock::now();
-    ScheduledStep step = scheduler.next_step();
-    for (int64_t id : step.admitted) engine.open_request(id);
-    std::vector<RunError> rejected;
-    const StepMetadata s = engine.plan(step.runs, rejected);
-    for (const RunError& e : rejected) rep.stalled_runs += e.cache_full;
-    const int T = s.num_tokens();
-    std::vector<float> h(size_t(T) * D);
-    for (int t = 0; t < T; ++t)
-      synthetic_embedding(seed, s.runs[size_t(s.token_run()[size_t(t)])].request, s.positions()[size_t(t)], D,
-                          h.data() + size_t(t) * D);
-    engine.forward_step(s, h, h, &rep.layer_seconds);
-    engine.commit(s);
-    times.step_ended(s, seconds_since(t_start));
-    note_peak(engine, rep);  // before finished requests let go
-    for (float v : h) rep.nonfinite_values += !std::isfinite(v);
-    for (int t = 0; t < T; ++t)
-      sums.add(s.runs[size_t(s.token_run()[size_t(t)])].request, std::span<const float>(h).subspan(size_t(t) * D, D));
-    const StepOutcome out = scheduler.complete(step, rejected);
-    for (int64_t id : out.finished) engine.close_request(id), sums.finish(id), times.remove_request(id);
-    for (int64_t id : out.preempted) engine.close_request(id), sums.drop(id);
-    for (const auto& f : out.failed)
-      engine.close_request(f.request), sums.drop(f.request), times.remove_request(f.request), reject(rep, f.reason);
-    rep.finished += int64_t(out.finished.size());
-    rep.preemptions += int(out.preempted.size());
-    rep.recomputed_tokens += out.recomputed_tokens;
-    const double dt = seconds_since(t_step);
-    int64_t prefill = 0, decode = 0;
-    for (size_t r = 0; r < s.runs.size(); ++r) (step.decode[s.input_index[r]] ? decode : prefill) += s.runs[r].len;
-    rep.prefill_tokens += prefill, rep.decode_tokens += decode;
-    (prefill > 0 ? rep.prefill_step_seconds : rep.decode_step_seconds) += dt;
-    ++rep.steps;
-    prog.step = rep.steps, prog.tokens_done += T, prog.running = scheduler.running();
-    prog.requests_ended = rep.finished + rep.rejected;
-    if (progress) progress(prog);
+    run.step();
+    if (progress) progress(run.progress());
   }
-  rep.total_seconds = seconds_since(t_start);
-  rep.checksum = sums.mean();
-  rep.first_token = LatencySummary::of(times.first_token());
-  rep.between_tokens = LatencySummary::of(times.between_tokens());
-  return rep;
+  return run.finish();
 }
 
 WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vector<WorkloadRequest>& requests,

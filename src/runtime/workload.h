@@ -38,8 +38,8 @@ struct WorkloadReport {
                                     // profile gives it for any schedule (chunks, batches,
                                     // preemptions), production numerics to about 1e-5
   int64_t nonfinite_values = 0;     // NaN or Inf among every value computed (the checksum is then NaN)
-  // Every request arrives at the run's start; its first token comes with the
-  // step that ends its prompt, one more with each decode step (TokenTimes).
+  // From each request's arrival to its first token (the step that ends its
+  // prompt), then between its tokens (one a decode step): TokenTimes.
   LatencySummary first_token, between_tokens;
 };
 
@@ -51,11 +51,16 @@ struct StepProgress {
 };
 
 // A workload's requests, made one at a time as the scheduler has room for
-// them: a run of 2^31 requests holds a few of them at once, not 2^31.
+// them and they have arrived: a run of 2^31 requests holds a few of them at
+// once, not 2^31. Arrivals do not decrease.
 struct WorkloadSource {
   int64_t count = 0;
-  std::function<WorkloadRequest(int64_t)> at;  // request i, for i in [0, count)
+  std::function<WorkloadRequest(int64_t)> at;  // request i, called for i = 0, 1, ... count - 1 in order
 };
+
+// Seconds between arrivals at `rate` requests a second: gap i of a Poisson
+// process, drawn from (seed, i).
+double poisson_gap(uint64_t seed, int64_t i, double rate);
 
 // The synthetic input of (request, position): a deterministic N(0, 1) vector.
 void synthetic_embedding(uint64_t seed, int64_t request, int64_t pos, int dim, float* out);
