@@ -12,7 +12,6 @@
 #include <thread>
 #include <utility>
 
-
 namespace dsv4 {
 namespace {
 
@@ -115,8 +114,9 @@ class WorkloadRun {
     for (int l = 0; l < c.num_layers; ++l) ++rep_.layer_counts[size_t(c.layer_type(l))];
   }
 
-  // A request that can never be served fails alone when it arrives, before
-  // any step computes a token of it.
+  // Gives the scheduler the requests that have arrived while it wants more.
+  // One that can never be served fails alone, before any step computes a
+  // token of it.
   void admit_arrived() {
     const double now = seconds_since(t_start_);
     while (scheduler_.wants_requests()) {
