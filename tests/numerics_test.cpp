@@ -88,6 +88,16 @@ TEST(E4m3, DecodesEveryCode) {
   EXPECT_TRUE(std::isnan(e4m3_to_float(0xff)));
 }
 
+// The host decoders' table: the same value as the reference for every code.
+TEST(E4m3, ValuesTableDecodesEveryCode) {
+  const float* table = e4m3_values();
+  for (int c = 0; c < 256; ++c) {
+    const double ref = e4m3_reference(c);
+    if (std::isnan(ref)) EXPECT_TRUE(std::isnan(table[c])) << c;
+    else EXPECT_EQ(double(table[c]), ref) << c;
+  }
+}
+
 TEST(E4m3, EncodesEveryCodeBack) {
   for (int c = 0; c < 256; ++c) {
     const float v = e4m3_to_float(uint8_t(c));

@@ -28,9 +28,10 @@ void fp8_ds_mla_encode(const float* kv, uint8_t* page, int entries_per_page, int
 void fp8_ds_mla_decode(const uint8_t* page, int entries_per_page, int t, float* kv) {
   const uint8_t* data = page + fp8_ds_mla_data_offset(t);
   const uint8_t* scales = page + fp8_ds_mla_scale_offset(entries_per_page, t);
+  const float* e4m3 = e4m3_values();
   for (int b = 0; b < kKvScaleBlocks; ++b) {
     const float s = ue8m0_to_float(scales[b]);
-    for (int i = 0; i < 64; ++i) kv[64 * b + i] = e4m3_to_float(data[64 * b + i]) * s;
+    for (int i = 0; i < 64; ++i) kv[64 * b + i] = e4m3[data[64 * b + i]] * s;
   }
   for (int i = 0; i < kKvDim - kNopeDim; ++i) {
     const uint16_t bits = uint16_t(data[kNopeDim + 2 * i] | (data[kNopeDim + 2 * i + 1] << 8));

@@ -41,7 +41,8 @@ void index_key_decode(IndexKeyFormat f, const uint8_t* page, int entries_per_pag
     const uint8_t* data = page + size_t(kIndexDim) * t;
     float scale;
     std::memcpy(&scale, page + size_t(kIndexDim) * entries_per_page + 4 * size_t(t), 4);
-    for (int i = 0; i < kIndexDim; ++i) key[i] = e4m3_to_float(data[i]) * scale;
+    const float* e4m3 = e4m3_values();
+    for (int i = 0; i < kIndexDim; ++i) key[i] = e4m3[data[i]] * scale;
     return;
   }
   const uint8_t* data = page + size_t(kIndexDim / 2) * t;

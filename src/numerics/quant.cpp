@@ -1,6 +1,7 @@
 #include "numerics/quant.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "numerics/e2m1.h"
@@ -59,6 +60,15 @@ void fake_quant(float* x, size_t n, int block, float qmax, Exponent exponent, Ro
 }
 
 }  // namespace
+
+const float* e4m3_values() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[size_t(i)] = e4m3_to_float(uint8_t(i));
+    return t;
+  }();
+  return table.data();
+}
 
 void fake_quant_e4m3(float* x, size_t n, int block) {
   fake_quant(x, n, block, kE4m3Max, e4m3_block_exponent, [](float v) { return e4m3_to_float(float_to_e4m3(v)); });
