@@ -49,14 +49,14 @@ int quantize_e4m3_block(const float* x, int n, uint8_t* codes);
 // Quantizes one block to e2m1 codes (one code per byte, low nibble); returns the exponent.
 int quantize_e2m1_block(const float* x, int n, uint8_t* codes);
 
-// Quantize-then-dequantize in place, block by block over n values (a shorter
-// last block is quantized on its own): what a consumer of the quantized tensor
-// sees.
 // The 256 e4m3 codes as floats (e4m3_to_float's values, NaNs included), for
 // host loops that decode FP8: one load an element where the bit arithmetic's
 // branches keep a loop scalar (fp8_ds_mla_decode: 1.1 us a record -> 0.1).
 const float* e4m3_values();
 
+// Quantize-then-dequantize in place, block by block over n values (a shorter
+// last block is quantized on its own): what a consumer of the quantized tensor
+// sees.
 void fake_quant_e4m3(float* x, size_t n, int block);
 void fake_quant_e2m1(float* x, size_t n, int block);
 

@@ -28,8 +28,8 @@ namespace dsv4 {
 struct WorkloadRequest {
   int64_t id = 0;
   int prompt_len = 0;
-  int gen_len = 0;       // decode steps after the prompt
-  double arrival = 0;    // seconds after the run's start (the runner's; the scheduler takes what has come)
+  int gen_len = 0;      // decode steps after the prompt
+  double arrival = 0;   // seconds after the run's start (for the runner; the scheduler takes what has come)
 };
 
 struct SchedulerOptions {

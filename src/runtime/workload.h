@@ -65,6 +65,8 @@ double poisson_gap(uint64_t seed, int64_t i, double rate);
 // The synthetic input of (request, position): a deterministic N(0, 1) vector.
 void synthetic_embedding(uint64_t seed, int64_t request, int64_t pos, int dim, float* out);
 
+// Serves every request of the source (or of the vector) through `engine`,
+// scheduled by `scheduler`; `progress` is called after each step.
 WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const WorkloadSource& requests, uint64_t seed,
                             const std::function<void(const StepProgress&)>& progress = {});
 WorkloadReport run_workload(Engine& engine, Scheduler& scheduler, const std::vector<WorkloadRequest>& requests,
