@@ -107,7 +107,9 @@ TEST(JsonReader, TimeIsLinearInTheNumberOfEntries) {
   const auto parse = [](const std::string& text, size_t n) { EXPECT_EQ(parse_json_text(text, "t.json").size(), n); };
   const auto [small, large] =
       dsv4::test::fastest_in_turn([&] { parse(small_text, 10000); }, [&] { parse(large_text, 80000); });
-  EXPECT_LT(large, 24 * small) << "10k entries: " << small << " s, 80k entries: " << large << " s";
+  // 40x: a margin for a busy machine (safetensors' twin of this test went
+  // from 16x idle to 25x beside a build); a rescan per entry is 64x.
+  EXPECT_LT(large, 40 * small) << "10k entries: " << small << " s, 80k entries: " << large << " s";
 }
 
 }  // namespace

@@ -323,7 +323,9 @@ TEST(SafetensorsLarge, ParseTimeIsLinear) {
   const Bytes small_image = many_tensors(10000), large_image = many_tensors(80000);
   const auto parse = [](const Bytes& image) { SafetensorsFile::parse(image, "big.safetensors"); };
   const auto [small, large] = dsv4::test::fastest_in_turn([&] { parse(small_image); }, [&] { parse(large_image); });
-  EXPECT_LT(large, 24 * small) << "10k entries: " << small << " s, 80k entries: " << large << " s";
+  // 40x: 16x on an idle development machine (the larger header leaves the
+  // caches), 25x beside a build; a rescan per entry is 64x.
+  EXPECT_LT(large, 40 * small) << "10k entries: " << small << " s, 80k entries: " << large << " s";
 }
 
 TEST(SafetensorsLarge, ErrorsDeepInALargeHeader) {
