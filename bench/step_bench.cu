@@ -21,9 +21,10 @@
 //    (4, 8 or 16; cuda_attention_decode_warps, default 0: chosen per call).
 //  - --index-keys fp8|mxfp4: the indexer's key cache (default mxfp4, the
 //    engine's; fp8 is vLLM's default, SPEC §5).
-//  - --trace FILE (with --decode): one more replayed step under CUPTI's kernel
-//    records (kernel_trace.h): every kernel's start, end and stream to FILE
-//    (CSV), and a summary of where the step's time went.
+//  - --trace FILE (with --decode, or --prefill: a decode step after it, over
+//    the caches the prefill wrote): one more replayed step under CUPTI's
+//    kernel records (kernel_trace.h): every kernel's start, end and stream to
+//    FILE (CSV), and a summary of where the step's time went.
 //  - --stamps (with --decode): wo_a's small-M kernel writes per-CTA timer
 //    stamps in every step (small_m_stamps.h); after each decode row, the
 //    phases of the last layer's wo_a in the last step (at up to 8 rows).
@@ -183,6 +184,17 @@ struct Bench {
     for (auto& th : pool) th.join();
   }
 
+  // A step under CUPTI's kernel records, written to trace_csv; its seconds.
+  double traced_step(const std::vector<dsv4::Run>& runs) {
+    bench::KernelTrace trace;
+    trace.start();
+    const double t = step(runs, nullptr);
+    trace.stop();
+    trace.write_csv(trace_csv);
+    trace.summary(30);
+    return t;
+  }
+
   void decode_row(int batch, int64_t context, int steps) {
     std::vector<int64_t> ids;
     for (int b = 0; b < batch; ++b) {
@@ -203,14 +215,7 @@ struct Bench {
     for (int i = 0; i < 2; ++i, ++k) step(runs_at(k), &per_type);  // timed replays: eager, captured
     per_type = {};
     step(runs_at(k++), &per_type);  // a timed replay
-    if (!trace_csv.empty()) {
-      bench::KernelTrace trace;
-      trace.start();
-      step(runs_at(k++), nullptr);
-      trace.stop();
-      trace.write_csv(trace_csv);
-      trace.summary(30);
-    }
+    if (!trace_csv.empty()) traced_step(runs_at(k++));
     std::sort(wall.begin(), wall.end());
     const double t = wall[wall.size() / 2];
     const double bytes = weight_bytes() + batch * cache_bytes_per_token(config, engine->cache_spec(), context);
@@ -259,7 +264,12 @@ struct Bench {
                           {"cache_bytes_held", held}, {"chunks", chunks}};
     if (gen > 0) {
       std::vector<double> wall;
-      for (int k = 0; k < gen; ++k) wall.push_back(step({{id, length + k, 1}}, nullptr));
+      // With --trace the last of them is traced: a decode step over caches a
+      // real prefill wrote, against the decode rows' synthetic records.
+      for (int k = 0; k < gen; ++k) {
+        const std::vector<dsv4::Run> runs = {{id, length + k, 1}};
+        wall.push_back(!trace_csv.empty() && k == gen - 1 ? traced_step(runs) : step(runs, nullptr));
+      }
       std::sort(wall.begin(), wall.end());
       std::printf("  then decode at %lld: %.3f ms per step (median of %d)\n", (long long)length,
                   wall[wall.size() / 2] * 1e3, gen);
@@ -313,7 +323,7 @@ int main(int argc, char** argv) {
       }
     }
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--attn-decode-max N] [--attn-decode-entries N] [--attn-decode-warps N] [--prefill LEN | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV] [--stamps]] [--json FILE] [--gpu-memory F] [--index-keys fp8|mxfp4] [--bandwidth TB/s]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--attn-decode-max N] [--attn-decode-entries N] [--attn-decode-warps N] [--prefill LEN [--trace CSV] | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV] [--stamps]] [--json FILE] [--gpu-memory F] [--index-keys fp8|mxfp4] [--bandwidth TB/s]\n", argv[0]);
       return 2;
     }
   }
@@ -321,14 +331,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: --stamps needs --decode rows\n", argv[0]);
     return 2;
   }
-  if (!trace.empty() && decode.size() != 1) {
-    std::fprintf(stderr, "%s: --trace needs one --decode BATCH CONTEXT (it times one decode row's step)\n", argv[0]);
+  if (!trace.empty() && decode.size() != 1 && prefill_only == 0) {
+    std::fprintf(stderr, "%s: --trace needs --prefill LEN or one --decode BATCH CONTEXT (it traces one decode step)\n", argv[0]);
     return 2;
   }
   std::printf("device: %s; roofline at %.2f TB/s\n", device_line().c_str(), g_bandwidth / 1e12);
   try {
     if (prefill_only > 0) {
       Bench b(1, prefill_only + 16, eo);
+      b.trace_csv = trace;
       b.prefill_row(prefill_only, 8192, 16, true);
       if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
       return 0;
