@@ -21,10 +21,10 @@
 //    (4, 8 or 16; cuda_attention_decode_warps, default 0: chosen per call).
 //  - --index-keys fp8|mxfp4: the indexer's key cache (default mxfp4, the
 //    engine's; fp8 is vLLM's default, SPEC §5).
-//  - --trace FILE (with --decode, or --prefill: a decode step after it, over
-//    the caches the prefill wrote): one more replayed step under CUPTI's
-//    kernel records (kernel_trace.h): every kernel's start, end and stream to
-//    FILE (CSV), and a summary of where the step's time went.
+//  - --trace FILE: with --decode, one more replayed step under CUPTI's kernel
+//    records (kernel_trace.h); with --prefill, the last of its 16 decode
+//    steps (over the caches the prefill wrote): every kernel's start, end and
+//    stream to FILE (CSV), and a summary of where the step's time went.
 //  - --stamps (with --decode): wo_a's small-M kernel writes per-CTA timer
 //    stamps in every step (small_m_stamps.h); after each decode row, the
 //    phases of the last layer's wo_a in the last step (at up to 8 rows).
