@@ -3,10 +3,11 @@
 // all candidates when they are few (up to kSortKeys), else a radix select
 // (8-bit digits) of a k-th-best threshold and a sort of the keys at or above it.
 // The candidates at or above the lists' bound (1 when the group has none)
-// are first gathered into shared memory as the lists are read, once; when
-// more than kFinalizeStageKeys remain, the radix passes (and the pass before
-// them that finds the bits all keys share) read the lists from global memory
-// again.
+// are first gathered into shared memory as the lists are read, once; where
+// more than kSortKeys pass that bound, a tighter one from the lists' first
+// keys (refine_bound) and a second gathering; when more than
+// kFinalizeStageKeys remain, the radix passes (and the pass before them that
+// finds the bits all keys share) read the lists from global memory again.
 // Tokens without keys (padding, nothing visible) get -1 rows and length 0
 // and read nothing but the plan.
 // Up to kRankTokens tokens (decode steps) a token takes 16 or 32 CTAs
@@ -38,6 +39,9 @@ constexpr int kStageKeys = kFinalizeStageKeys;
 // lists, the first keys of kBatch lists) before using any.
 constexpr int kWarps = kFinalizeThreads / 32;
 constexpr int kBatch = 8;
+// Rounds of refine_bound: per grows at least 3x a round (6x at top-512), so
+// three reach a whole list of 512 keys from Flash's 24 at 128 lists.
+constexpr int kRefineRounds = 4;
 // Candidates the sort takes at once (four per thread: up to 2,048 are sorted
 // at once, not cut by a radix select first; with the sort's idle warps
 // skipping its stages, finalize of 128 decode tokens at 64K context went from
@@ -113,7 +117,8 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   __shared__ __align__(16) uint64_t staged[kStageKeys];
   __shared__ unsigned long long bound;
   __shared__ uint16_t owned[kSortKeys];  // the rank path: where this CTA's keys are in the set
-  __shared__ int total, kept_count, staged_count, owned_count;
+  __shared__ int total, kept_count, staged_count, owned_count, live_count;
+  __shared__ uint16_t live[2][kMaxGroupUnits];  // refine_bound's live lists, by round
   __shared__ int counts[kMaxGroupUnits];  // list s's count, loaded once
   __shared__ int32_t table_first;  // the token's block-table row starts at this logical block
   const IndexerSelectParams& p = a.p;
@@ -156,8 +161,15 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   if (mine) atomicAdd(&total, mine);
   __syncthreads();
   // Keys below lo are not among the best k (a bound of 0: that unit had
-  // fewer than m keys, no bound).
-  const uint64_t lo = bounded ? max(uint64_t(bound), uint64_t(1)) : 1;
+  // fewer than m keys, no bound). Raised below where many keys pass it.
+  uint64_t lo = bounded ? max(uint64_t(bound), uint64_t(1)) : 1;
+  // With stop > 0 (bounded lists), each_listed ends early, whole warps at a
+  // time, once more than stop keys were staged (staged_count): before it
+  // reads on past a list's first chunk.
+  int stop = 0;
+  auto stopped = [&] {  // uniform over the warp
+    return stop > 0 && __any_sync(0xffffffffu, *reinterpret_cast<volatile int*>(&staged_count) > stop);
+  };
   // f(key) for every key >= lo of the lists (0 for the others and for a
   // lane past a list's end: whole warps call f, as warp_append needs).
   auto each_listed = [&](auto&& f) {
@@ -179,6 +191,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
           if (s >= lists || __shfl_sync(0xffffffffu, v[b], 31) < lo) continue;  // uniform
           const uint64_t* keys = ws.list_keys + list_of(s) * ws.list_stride;
           for (int i0 = 32; i0 < counts[s]; i0 += 32) {
+            if (stopped()) return;
             const uint64_t w = i0 + lane < counts[s] ? keys[i0 + lane] : 0;
             f(w >= lo ? w : 0);
             if (__shfl_sync(0xffffffffu, w, 31) < lo) break;
@@ -200,12 +213,86 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
       }
     }
   };
+  // A tighter bound than lo where many keys pass it, in rounds: the k-th
+  // best of the first `per` keys (those >= lo) of every list still live is a
+  // bound (they are keys of the token, so their k-th best is at most the
+  // token's k-th best); a list stays live while its per-th key passes the
+  // new bound, since keys past its first per may then pass it too. Live
+  // lists hold at most k / per of the keys above the bound, so per grows
+  // k_stage / k-fold a round (6x at top-512): where the best keys tie in
+  // long runs (one bf16 score, ties to the lower j) the rounds close in on
+  // the first units' lists. Ends where no list is live (the bound is then
+  // the token's k-th best itself), where the live lists' first keys are
+  // fewer than k, or after kRefineRounds. The same in every CTA of the
+  // token: each round depends only on the set of keys it stages.
+  auto refine_bound = [&] {
+    int n_live = lists, per = min(k, kStageKeys / max(lists, 1));
+    const uint16_t* ids = nullptr;  // the live lists (nullptr: all)
+    for (int round = 0; round < kRefineRounds && n_live > 0; ++round) {
+      __syncthreads();  // earlier reads of staged, staged_count and live are done
+      if (tid == 0) staged_count = 0, live_count = 0;
+      __syncthreads();
+      // The live lists' first per keys, as (list, 32-key chunk) pairs a
+      // warp takes kBatch at a time, loads first.
+      const int chunks = (per + 31) / 32, pairs = n_live * chunks;
+      for (int q0 = warp; q0 < pairs; q0 += kWarps * kBatch) {
+        uint64_t v[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const int q = q0 + kWarps * b, a = q / chunks, i = (q - a * chunks) * 32 + lane;
+          const int s = q < pairs ? (ids ? int(ids[a]) : a) : 0;
+          v[b] = q < pairs && i < min(counts[s], per) ? ws.list_keys[list_of(s) * ws.list_stride + i] : 0;
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) warp_append(v[b] >= lo, v[b], staged, &staged_count, lane, kStageKeys);
+      }
+      __syncthreads();
+      const int c = staged_count;  // <= n_live * per <= kStageKeys
+      if (c < k) return;           // uniform
+      lo = max(lo, radix_kth<kBits>(
+                       [&](auto&& f) {
+                         for (int i0 = 0; i0 < c; i0 += kFinalizeThreads) f(i0 + tid < c ? staged[i0 + tid] : 0);
+                       },
+                       uint32_t(k), hist, sel, tid, kFinalizeThreads, [] { __syncthreads(); }));
+      uint16_t* next = live[round & 1];
+      for (int a = tid; a < n_live; a += kFinalizeThreads) {
+        const int s = ids ? int(ids[a]) : a;
+        if (counts[s] > per && ws.list_keys[list_of(s) * ws.list_stride + per - 1] >= lo)
+          next[atomicAdd(&live_count, 1)] = uint16_t(s);
+      }
+      __syncthreads();
+      n_live = live_count, ids = next;
+      per = min(k, kStageKeys / max(n_live, 1));
+    }
+  };
+  // The keys >= lo into staged (staged_count: how many passed, also past
+  // the stage's end).
+  auto stage_listed = [&] {
+    __syncthreads();  // earlier reads of staged and staged_count are done
+    if (tid == 0) staged_count = 0;
+    __syncthreads();
+    each_listed([&](uint64_t key) { warp_append(key != 0, key, staged, &staged_count, lane, kStageKeys); });
+    __syncthreads();
+  };
   int n = total;  // keys in lists are nonzero and unique
   bool in_smem = false;
   if (bounded || n <= kStageKeys) {
-    each_listed([&](uint64_t key) { warp_append(key != 0, key, staged, &staged_count, lane, kStageKeys); });
-    __syncthreads();
-    n = staged_count;  // the keys >= lo
+    // Bounded lists: first only until more than kSortKeys pass the bound.
+    stop = bounded ? kSortKeys : 0;
+    stage_listed();
+    n = staged_count;  // the keys >= lo (past kSortKeys: at least that many)
+    stop = 0;
+    if (bounded && n > kSortKeys) {
+      // Many keys pass the lists' bound where the token's best keys crowd
+      // into a few units, or tie in long runs of one bf16 score: decode after
+      // a real prefill, where finalize then took 33 us a C4A layer at 64K
+      // context and 69 at 256K against 8.5 and 12.5 over synthetic caches
+      // (docs/perf-notes.md, run AU3). A tighter bound from the lists'
+      // first keys (refine_bound); the picks are the same.
+      refine_bound();
+      stage_listed();
+      n = staged_count;
+    }
     in_smem = n <= kStageKeys;
   }
   // Every candidate once, as whole warps (0 stands for none).

@@ -279,6 +279,10 @@ struct WorldOptions {
   int small_weights_every = 0;
   int duplicate_every = 0;   // > 0: every key j with j % this != 0 copies key j - j % this (exact ties)
   bool one_key = false;      // every key of a run is its first key (one score)
+  // > 0: as one_key, then key j scaled by 2^(j / rising_every) (scale bytes
+  // or factors: exact), so the scores rise or fall with j in steps, tied
+  // within a step
+  int rising_every = 0;
   // > 0: keys of tiles j / 64 % n == 0 copy the key its run's first token
   // scores highest, the others have zero codes (score 0): that token's best
   // keys are those tiles' in index order (ties to the lower key)
@@ -316,6 +320,22 @@ void odd_key(std::mt19937& rng, uint8_t* page, int t) {
   }
   if (kind != 2) std::memset(codes + 16 * b, 0, 16);
   scales[b] = kind == 0 ? kFar[rng() % 5] : 0xff;
+}
+
+// Scales a key record by 2^e through its scale part (4 bytes: MXFP4's UE8M0
+// block exponents, FP8's fp32 factor): exact, and its scores scale alike.
+void rise(IndexKeyFormat f, uint8_t* scales, int e) {
+  if (f == IndexKeyFormat::kMxfp4) {
+    for (int b = 0; b < 4; ++b) {
+      ASSERT_LT(int(scales[b]) + e, 0xff) << "a UE8M0 exponent past the finite range";
+      scales[b] = uint8_t(scales[b] + e);
+    }
+    return;
+  }
+  float s;
+  std::memcpy(&s, scales, 4);
+  s = std::ldexp(s, e);
+  std::memcpy(scales, &s, 4);
 }
 
 // WorldOptions::hot_tile_every: per run, the key its first token scores
@@ -390,14 +410,17 @@ World make_world(IndexKeyFormat f, int topk, const std::vector<RunSpec>& runs, c
         if (f == IndexKeyFormat::kMxfp4 && std::generate_canonical<double, 32>(rng) < opt.odd_key_rate)
           odd_key(rng, base, t);
       }
-      if (opt.duplicate_every > 0 || opt.one_key) {  // copy records within the page: equal keys, equal scores
+      const bool one = opt.one_key || opt.rising_every > 0;
+      if (opt.duplicate_every > 0 || one) {  // copy records within the page: equal keys, equal scores
         const int cb = indexer_code_bytes(f);
         const int64_t run_first_page = w.pages[r * size_t(w.width)];  // one_key: every record copies its run's first
-        const uint8_t* from = opt.one_key ? w.pool.data() + size_t(run_first_page) * w.stride : base;
+        const uint8_t* from = one ? w.pool.data() + size_t(run_first_page) * w.stride : base;
         for (int t = 0; t < kIndexerKeysPerPage; ++t) {
-          const int src = opt.one_key ? 0 : t - t % opt.duplicate_every;
+          const int src = one ? 0 : t - t % opt.duplicate_every;
           std::memcpy(base + size_t(cb) * t, from + size_t(cb) * src, size_t(cb));
           std::memcpy(base + size_t(cb) * 64 + 4 * t, from + size_t(cb) * 64 + 4 * src, 4);
+          if (opt.rising_every > 0)
+            rise(f, base + size_t(cb) * 64 + 4 * t, int(((runs[r].first_block + b) * 64 + t) / opt.rising_every));
         }
       }
     }
@@ -664,6 +687,17 @@ TEST_F(IndexerCudaTest, ExactTiesGoToTheLowerKey) {
 TEST_F(IndexerCudaTest, AllKeysTiePastTheStage) {
   run_case(IndexKeyFormat::kMxfp4, 512, {RunSpec{40000, 1, 0}, RunSpec{20000, 2, 0}},
            {.one_key = true, .seed = 15});
+}
+
+// Scores that rise (or fall) with the key in steps of 1,024 keys, tied
+// within a step: nearly every listed key passes the lists' bound, as in
+// decode after a real prefill (docs/perf-notes.md, run AU3), and finalize
+// refines it from the lists' first keys (refine_bound) before it selects.
+TEST_F(IndexerCudaTest, RisingScoresRefineTheBound) {
+  const std::vector<RunSpec> runs = {RunSpec{65535, 1, 0}, RunSpec{40000, 2, 0}};
+  run_case(IndexKeyFormat::kMxfp4, 512, runs, {.rising_every = 1024, .seed = 31});
+  run_case(IndexKeyFormat::kMxfp4, 1024, runs, {.rising_every = 1024, .seed = 32});
+  run_case(IndexKeyFormat::kFp8, 512, runs, {.rising_every = 1024, .seed = 33});
 }
 
 // Keys whose MXFP4 blocks span more than 3 binades take the exact scalar path.
