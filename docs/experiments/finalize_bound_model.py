@@ -1,6 +1,6 @@
 # A host model of the CUDA indexer's finalize bound (src/attn/cuda/indexer_finalize.cu)
-# for one token: how many keys pass the lists' bound of the tree, and how many pass
-# the bound of docs/experiments/finalize-prefix-bound.patch (refine_bound), on score
+# for one token: how many keys pass the lists' bound alone, and how many pass the bound
+# refine_bound raises from the lists' first keys (commit 17d2f82), on score
 # patterns: i.i.d. (the step benchmark's synthetic caches), all keys tied (one score,
 # ties to the lower j), few distinct values, a trend with position, a few hot tiles.
 # Units are contiguous ranges of keys; each unit's list is its best k keys sorted
