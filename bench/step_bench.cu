@@ -4,7 +4,9 @@
 //    batch {1, 8, 32, 128} x context {4K, 64K} and batch {1, 8} x 1M. The
 //    caches are filled with random valid records (cache/synthetic_fill.h)
 //    and the requests fast-forwarded to the context instead of prefilled.
-//  - prefill: one 64K-token prompt in 8K-token chunks (a real prefill).
+//  - prefill: one 64K-token prompt in 8K-token chunks (a real prefill), then
+//    16 decode steps over the caches it wrote (a server's decode, beside the
+//    rows' synthetic caches: finalize selects differently over real keys).
 //  - --prefill LEN: only one request prefilled to LEN tokens in 8K chunks
 //    (1048560 for the 1M row), then 16 decode steps: time, where it went,
 //    cache memory held.
@@ -370,7 +372,7 @@ int main(int argc, char** argv) {
       for (int batch : {1, 8, 32, 128}) b.decode_row(batch, ctx, steps);
     // 1M context, less room for the steps the row decodes (positions < 2^20).
     for (int batch : {1, 8}) b.decode_row(batch, (int64_t(1) << 20) - 64, steps);
-    b.prefill_row(65536, 8192, 0, false);
+    b.prefill_row(65536, 8192, 16, false);
     if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
   } catch (const std::exception& e) {
     std::fprintf(stderr, "step_bench: %s\n", e.what());
