@@ -213,6 +213,10 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
       }
     }
   };
+  // f(key) for the first c staged keys, as whole warps (0 past c).
+  auto each_staged = [&](int c, auto&& f) {
+    for (int i0 = 0; i0 < c; i0 += kFinalizeThreads) f(i0 + tid < c ? staged[i0 + tid] : 0);
+  };
   // A tighter bound than lo where many keys pass it, in rounds: the k-th
   // best of the first `per` keys (those >= lo) of every list still live is a
   // bound (they are keys of the token, so their k-th best is at most the
@@ -249,11 +253,8 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
       __syncthreads();
       const int c = staged_count;  // <= n_live * per <= kStageKeys
       if (c < k) return;           // uniform
-      lo = max(lo, radix_kth<kBits>(
-                       [&](auto&& f) {
-                         for (int i0 = 0; i0 < c; i0 += kFinalizeThreads) f(i0 + tid < c ? staged[i0 + tid] : 0);
-                       },
-                       uint32_t(k), hist, sel, tid, kFinalizeThreads, [] { __syncthreads(); }));
+      lo = max(lo, radix_kth<kBits>([&](auto&& f) { each_staged(c, f); }, uint32_t(k), hist, sel, tid,
+                                    kFinalizeThreads, [] { __syncthreads(); }));
       uint16_t* next = live[round & 1];
       for (int a = tid; a < n_live; a += kFinalizeThreads) {
         const int s = ids ? int(ids[a]) : a;
@@ -298,7 +299,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   // Every candidate once, as whole warps (0 stands for none).
   auto each_key = [&](auto&& f) {
     if (in_smem) {
-      for (int i0 = 0; i0 < n; i0 += kFinalizeThreads) f(i0 + tid < n ? staged[i0 + tid] : 0);
+      each_staged(n, f);
     } else {
       each_listed(f);
     }
