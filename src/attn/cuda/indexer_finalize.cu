@@ -267,11 +267,14 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
     }
   };
   // The keys >= lo into staged (staged_count: how many passed, also past
-  // the stage's end).
-  auto stage_listed = [&] {
-    __syncthreads();  // earlier reads of staged and staged_count are done
-    if (tid == 0) staged_count = 0;
-    __syncthreads();
+  // the stage's end). The first staging starts from the zeroed count; a
+  // later one (again, uniform) first waits for the reads of the last.
+  auto stage_listed = [&](bool again) {
+    if (again) {
+      __syncthreads();  // earlier reads of staged and staged_count are done
+      if (tid == 0) staged_count = 0;
+      __syncthreads();
+    }
     each_listed([&](uint64_t key) { warp_append(key != 0, key, staged, &staged_count, lane, kStageKeys); });
     __syncthreads();
   };
@@ -280,7 +283,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   if (bounded || n <= kStageKeys) {
     // Bounded lists: first only until more than kSortKeys pass the bound.
     stop = bounded ? kSortKeys : 0;
-    stage_listed();
+    stage_listed(false);
     n = staged_count;  // the keys >= lo (past kSortKeys: at least that many)
     stop = 0;
     if (bounded && n > kSortKeys) {
@@ -291,7 +294,7 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
       // (docs/perf-notes.md, run AU3). A tighter bound from the lists'
       // first keys (refine_bound); the picks are the same.
       refine_bound();
-      stage_listed();
+      stage_listed(true);
       n = staged_count;
     }
     in_smem = n <= kStageKeys;
