@@ -5,7 +5,8 @@
 # each variant's tests, then the benchmark rows, every variant in turn within
 # a round so that the machine's drift touches all alike.
 #
-#   scripts/device-ab.sh PATCH...   (patches for `patch -p1`, relative to the root)
+#   scripts/device-ab.sh PATCH...   (patches for `patch -p1`, relative to the root;
+#                                    A+B is one variant: A, then B applied)
 #   env: BUILD_DIR (default build-dev), ROUNDS (default 2),
 #        AB_BINS (space list of binaries to keep per variant; default the
 #          benchmarks and GPU test binaries below),
@@ -27,7 +28,24 @@ tests=${AB_TESTS:-"backend_ops_test IndexerCudaTest.*:IndexerCpuTwin.*"}
 rows=${AB_ROWS:-"indexer_bench --format mxfp4 --topk 512 --tokens 8192 --context 65536;indexer_bench --format mxfp4 --topk 512 --tokens 128 --context 65536"}
 grep_for=${AB_GREP:-}
 [ $# -ge 1 ] || { echo "usage: $0 PATCH..." >&2; exit 1; }
-for p in "$@"; do patch -p1 --dry-run -s <"$p" >/dev/null || { echo "$p does not apply to the tree" >&2; exit 1; }; done
+# apply V (A+B+...: each in turn; none where one fails) or, with -R, reverse it
+# (in the opposite order).
+apply() {
+  local parts i
+  IFS='+' read -ra parts <<<"$1"
+  if [ "${2:-}" = -R ]; then
+    for ((i = ${#parts[@]} - 1; i >= 0; i--)); do patch -p1 -R -s --no-backup-if-mismatch <"${parts[i]}" || return 1; done
+  else
+    for ((i = 0; i < ${#parts[@]}; i++)); do
+      patch -p1 -s --dry-run <"${parts[i]}" >/dev/null && patch -p1 -s --no-backup-if-mismatch <"${parts[i]}" && continue
+      for ((i--; i >= 0; i--)); do patch -p1 -R -s --no-backup-if-mismatch <"${parts[i]}"; done  # the ones applied
+      return 1
+    done
+  fi
+}
+for p in "$@"; do  # each applies (a stacked one by applying it, then reversing it)
+  apply "$p" >/dev/null && apply "$p" -R >/dev/null || { echo "$p does not apply to the tree" >&2; exit 1; }
+done
 
 keep() {  # the built binaries into $b/$1/
   mkdir -p "$b/$1"
@@ -40,11 +58,11 @@ variants=(H)
 i=0
 for p in "$@"; do
   i=$((i + 1))
-  patch -p1 -s --no-backup-if-mismatch <"$p" || exit 1
+  apply "$p" || exit 1
   cmake --build "$b" >>"$OUT/build.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] && keep "V$i"
-  patch -p1 -R -s --no-backup-if-mismatch <"$p" || exit 1
+  apply "$p" -R || exit 1
   [ $rc -eq 0 ] || { echo "V$i ($p): build failed"; grep -E "error" "$OUT/build.log" | tail -10; exit 1; }
   echo "V$i = $p, built at $(($(date +%s) - t0)) s"
   variants+=("V$i")
