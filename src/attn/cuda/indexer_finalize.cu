@@ -108,7 +108,16 @@ __device__ void rank_keys(const uint64_t* s, int m, const uint16_t* pos, int c, 
   }
 }
 
-__global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const SelectArgs a) {
+// kMinBlocks: CTAs an SM must hold. Left to ptxas (launch bounds without
+// it), the kernel got 64 registers and spilled 44/264 bytes; with one CTA an
+// SM it gets 94 and no spills, with two 64 and no spills. One an SM for
+// launches that fit one wave that way (up to kOneWaveCtas: batch 1-4 of the
+// rank path's 32 CTAs a token), two for the rest (the rank path's up to 256
+// CTAs, a prefill chunk's one a token). Decode after a 256K prefill: 4.149 ->
+// 4.024 ms a step with this alone (docs/perf-notes.md, AX3).
+constexpr unsigned kOneWaveCtas = 128;  // of the H100's and H200's 132 SMs
+template <int kMinBlocks>
+__global__ void __launch_bounds__(kFinalizeThreads, kMinBlocks) finalize_kernel(const SelectArgs a) {
   __shared__ uint32_t hist[1 << kBits];
   __shared__ uint32_t sel[2];
   __shared__ uint64_t sorted[kIndexerMaxTopk];
@@ -225,8 +234,8 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
   // lists hold at most k / per of the keys above the bound, so per grows
   // k_stage / k-fold a round (6x at top-512): where the best keys tie in
   // long runs (one bf16 score, ties to the lower j) the rounds close in on
-  // the first units' lists. Ends where no list is live (the bound is then
-  // the token's k-th best itself), where the live lists' first keys are
+  // the first units' lists. Ends where no list is live (the token then has
+  // k to k + k / 2 keys at or above the bound), where the live lists' first keys are
   // fewer than k, or after kRefineRounds. The same in every CTA of the
   // token: each round depends only on the set of keys it stages.
   auto refine_bound = [&] {
@@ -253,8 +262,12 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
       __syncthreads();
       const int c = staged_count;  // <= n_live * per <= kStageKeys
       if (c < k) return;           // uniform
+      // A bound needs only k keys at or above it: the digit passes stop at
+      // the first bin taken whole with at most k + k / 2 of them (the exact
+      // k-th best took 4-8 us over ~2,900 staged keys, 2-4 this way:
+      // docs/perf-notes.md, AW5 and AX1).
       lo = max(lo, radix_kth<kBits>([&](auto&& f) { each_staged(c, f); }, uint32_t(k), hist, sel, tid,
-                                    kFinalizeThreads, [] { __syncthreads(); }));
+                                    kFinalizeThreads, [] { __syncthreads(); }, uint32_t(k / 2)));
       uint16_t* next = live[round & 1];
       for (int a = tid; a < n_live; a += kFinalizeThreads) {
         const int s = ids ? int(ids[a]) : a;
@@ -364,8 +377,9 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Select
 }  // namespace
 
 void launch_finalize(const SelectArgs& a, cudaStream_t stream) {
-  const unsigned ctas = unsigned(rank_ctas(a.p.num_tokens));
-  pdl_launch(finalize_kernel, dim3(unsigned(a.p.num_tokens), ctas), kFinalizeThreads, 0, stream, a);
+  const dim3 grid(unsigned(a.p.num_tokens), unsigned(rank_ctas(a.p.num_tokens)));
+  const bool one_wave = grid.x * grid.y <= kOneWaveCtas;
+  pdl_launch(one_wave ? finalize_kernel<1> : finalize_kernel<2>, grid, kFinalizeThreads, 0, stream, a);
 }
 
 }  // namespace dsv4::cuda::ix

@@ -56,9 +56,9 @@ __device__ __forceinline__ void radix_find(const uint32_t* hist, uint32_t* sel, 
 // Over the threads tid = 0 .. nthreads - 1 that call it together (sync() is
 // their barrier; nthreads a multiple of 32). visit(f) calls f(key) for every
 // key this thread holds (0 = empty, skipped), from whole warps in step.
-// kWarpAggregate: a warp's lanes with the same digit add to the histogram
-// once (finalize; the score kernel uses one plain atomic per key, which was
-// faster there: docs/perf-notes.md run G1).
+// kWarpAggregate: a warp's adjacent lanes with the same digit add to the
+// histogram once (finalize; the score kernel uses one plain atomic per key,
+// which was faster there: docs/perf-notes.md run G1).
 // hist: 2^kBits words, sel: 2 words of shared memory, used by no other
 // thread while this runs. Needs 1 <= k <= number of keys.
 // The digits start below the bits every key shares (found by a first pass
@@ -103,8 +103,18 @@ __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_
       const bool in = (key & mask) == prefix;  // (not 0: every key has the marker bit 34, a shared bit)
       const uint32_t bin = in ? uint32_t((key >> shift) & digit_mask) : ~0u;
       if constexpr (kWarpAggregate) {
-        const uint32_t peers = __match_any_sync(0xffffffffu, bin);
-        if (in && __ffs(peers) - 1 == (tid & 31)) atomicAdd(hist + bin, uint32_t(__popc(peers)));
+        // Runs of one bin in lane order add once, from their first lane: the
+        // keys come in sorted runs (a list's chunk, or its passing prefix as
+        // staged), so the high digits' bins run long. A shuffle and a ballot
+        // instead of __match_any_sync, a candidate for why a digit pass over
+        // 2,900 staged keys costs 1-2 us (docs/perf-notes.md, AW5). Right in
+        // any order: a bin split over several runs adds once per run.
+        const int lane = tid & 31;
+        const uint32_t before = __shfl_up_sync(0xffffffffu, bin, 1);
+        const uint32_t heads = __ballot_sync(0xffffffffu, lane == 0 || before != bin);
+        const uint32_t later = lane < 31 ? heads >> (lane + 1) : 0u;  // heads past this lane
+        const int run = later ? __ffs(later) : 32 - lane;              // this lane to the next head
+        if (in && ((heads >> lane) & 1u)) atomicAdd(hist + bin, uint32_t(run));
       } else if (in) {
         atomicAdd(hist + bin, 1u);
       }
