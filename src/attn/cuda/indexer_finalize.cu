@@ -110,7 +110,7 @@ __device__ void rank_keys(const uint64_t* s, int m, const uint16_t* pos, int c, 
 
 // kMinBlocks: CTAs an SM must hold. Left to ptxas (launch bounds without
 // it), the kernel got 64 registers and spilled 44/264 bytes; with one CTA an
-// SM it gets 94 and no spills, with two 64 and no spills. One an SM for
+// SM it gets 96 and no spills, with two 64 and 8/80 (nvcc 13.0). One an SM for
 // launches that fit one wave that way (up to kOneWaveCtas: batch 1-4 of the
 // rank path's 32 CTAs a token), two for the rest (the rank path's up to 256
 // CTAs, a prefill chunk's one a token). Decode after a 256K prefill: 4.149 ->
