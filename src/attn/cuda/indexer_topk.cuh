@@ -106,9 +106,10 @@ __device__ uint64_t radix_kth(Visit&& visit, uint32_t k, uint32_t* hist, uint32_
         // Runs of one bin in lane order add once, from their first lane: the
         // keys come in sorted runs (a list's chunk, or its passing prefix as
         // staged), so the high digits' bins run long. A shuffle and a ballot
-        // instead of __match_any_sync, a candidate for why a digit pass over
-        // 2,900 staged keys costs 1-2 us (docs/perf-notes.md, AW5). Right in
-        // any order: a bin split over several runs adds once per run.
+        // instead of __match_any_sync: finalize's rounds over ~2,900 staged
+        // keys took their radix from 4.2-8.0 to 2.4-6.7 us with this alone
+        // (docs/perf-notes.md, AX1). Right in any order: a bin split over
+        // several runs adds once per run.
         const int lane = tid & 31;
         const uint32_t before = __shfl_up_sync(0xffffffffu, bin, 1);
         const uint32_t heads = __ballot_sync(0xffffffffu, lane == 0 || before != bin);
