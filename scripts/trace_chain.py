@@ -5,7 +5,9 @@ and prints where a layer's time goes, per layer type.
 Layers are cut where the next one's input is ready: the end of wo_b (the
 first FP8 linear after wo_a's FP8 x bf16 one), or of the residual_norm_kernel
 that follows it on its stream where wo_b does not run the norm itself; the
-first cut is the step's first residual_norm_kernel. A layer with the
+first cut is the step's first residual_norm_kernel. Where wo_a and wo_b
+run on cuBLASLt (64 rows and more), every layer ends with its own
+residual_norm_kernel, and those ends are the cuts. A layer with the
 indexer's score_kernel is C4A, one with a compressor (state_rows_kernel or
 rows_entries_kernel) but no scorer is C128A, the rest are SWA-only. For
 the median layer of each type it lists every kernel in start order with its
@@ -51,7 +53,8 @@ def linear_kind(r):
 
 
 def cuts(rows):
-    out = [next(r["e"] for r in rows if r["k"] == "residual_norm_kernel")]
+    norms = [r["e"] for r in rows if r["k"] == "residual_norm_kernel"]
+    out = norms[:1]
     after_wo_a = False
     for i, r in enumerate(rows):
         kind = linear_kind(r)
@@ -61,7 +64,7 @@ def cuts(rows):
             after_wo_a = False
             nxt = next((q for q in rows[i + 1:] if q["stream"] == r["stream"]), None)
             out.append(nxt["e"] if nxt and nxt["k"] == "residual_norm_kernel" else r["e"])
-    return out
+    return out if len(out) > 1 else norms  # no own-kernel wo_b: the layers' own norms
 
 
 def layers(rows):
@@ -91,9 +94,10 @@ def main():
         _, a, b, ks = min(mine, key=lambda l: abs((l[2] - l[1]) - med))
         print(f"\n{kind}: {len(mine)} layers, median {med / 1e3:.1f} us (min {min(times) / 1e3:.1f}, "
               f"max {max(times) / 1e3:.1f}); the median layer:")
-        print("| kernel | stream | CTAs | ends at us | duration us |\n|---|---|---|---|---|")
+        print("| kernel | stream | CTAs | starts at us | ends at us | duration us |\n|---|---|---|---|---|---|")
         for r in ks:
-            print(f"| {r['k']} | {r['stream']} | {r['ctas']} | {(r['e'] - a) / 1e3:.1f} | {(r['e'] - r['s']) / 1e3:.1f} |")
+            print(f"| {r['k']} | {r['stream']} | {r['ctas']} | {(r['s'] - a) / 1e3:.1f} | {(r['e'] - a) / 1e3:.1f} | "
+                  f"{(r['e'] - r['s']) / 1e3:.1f} |")
 
 
 if __name__ == "__main__":
