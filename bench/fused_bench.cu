@@ -162,11 +162,13 @@ Case qkv_case(int T) {
   return c;
 }
 
-Case q_head_case(int T) {
-  Case c{"q_head_norm_rope", T, 0, 0, {}};
+// table: the rotation's factors read from the step's table, as the engine
+// runs it (built once in make, outside the timed calls).
+Case q_head_case(int T, bool table) {
+  Case c{table ? "q_head, table" : "q_head_norm_rope", T, 0, 0, {}};
   c.bytes = double(T) * (kHeads * 512 * 2 * 2 + 8);
   c.flops = double(T) * kHeads * (512 * 4 + 64 * 3);
-  c.make = [T](Instance& in, uint64_t seed) {
+  c.make = [T, table](Instance& in, uint64_t seed) {
     dsv4::cuda::QHeadNormRopeParams p;
     p.num_tokens = T;
     p.num_heads = kHeads;
@@ -176,6 +178,12 @@ Case q_head_case(int T) {
     for (int t = 0; t < T; ++t) pos[size_t(t)] = position(T, t);
     p.positions = in.mem.upload(pos);
     p.rope = &rope();
+    if (table) {
+      float* cs = in.mem.f32(size_t(T) * 64, seed);
+      dsv4::cuda::out_rope_table_cuda(p.positions, T, rope(), cs, nullptr);
+      CHECK(cudaDeviceSynchronize());
+      p.rope_table = cs;
+    }
     in.run = [p](cudaStream_t s) { dsv4::cuda::q_head_norm_rope_cuda(p, s); };
   };
   return c;
@@ -336,7 +344,8 @@ int main(int argc, char** argv) {
               "ratio", "R");
   for (int T : sizes) {
     run_case(qkv_case(T), s);
-    run_case(q_head_case(T), s);
+    run_case(q_head_case(T, false), s);
+    run_case(q_head_case(T, true), s);
     run_case(out_rope_case(T), s);
     run_case(residual_case(T), s);
     run_case(compressor_case("compressor c4a", T, 4, 512, dsv4::EntryFormat::kFp8DsMla), s);

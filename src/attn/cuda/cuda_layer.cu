@@ -236,8 +236,10 @@ void CudaLayer::project_q_kv(StepBuffers& b) {
     lane_mark(b, Lane::kMain, LanePoint::kCq);
     lane_wait(b, h, LanePoint::kCq);
   }
-  // q's per-head norm and RoPE: fused into wq_b's kernel where it can be (decode).
-  const QHeadNormRopeParams heads{T, H, b.q, int64_t(H) * kKvDim, float(config_.rms_norm_eps), b.step.positions, &rope_};
+  // q's per-head norm and RoPE: fused into wq_b's kernel where it can be
+  // (decode); the separate kernel reads the step's table of the rotation.
+  const QHeadNormRopeParams heads{T, H, b.q, int64_t(H) * kKvDim, float(config_.rms_norm_eps), b.step.positions, &rope_,
+                                  b.out_rope_cs[int(type_)]};
   if (!wq_b_.forward(b.cq8, b.q, int64_t(H) * kKvDim, b.linear(h), b.on(h), LinearTail{.q_head = &heads}))
     q_head_norm_rope_cuda(heads, b.on(h));
   if (h != Lane::kMain) lane_mark(b, h, LanePoint::kHeads);

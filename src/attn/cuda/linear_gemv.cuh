@@ -289,8 +289,8 @@ __device__ __forceinline__ void q_head_tail(const GemvArgs& a, int row_block, un
   uint16_t* y = static_cast<uint16_t*>(a.y) + int64_t(head) * 512;
   q_head_rows(
       a.m, [&](int r) { return y + int64_t(r) * a.ldy; },
-      [&](int r) { return int64_t(__ldg(a.q_head.positions + r)); }, a.q_head.rope.inv_freq, a.q_head.eps,
-      *reinterpret_cast<QHeadSmem*>(smem));
+      [&](int r, int i) { return rope_cos_sin(int64_t(__ldg(a.q_head.positions + r)), a.q_head.rope.inv_freq[i]); },
+      a.q_head.eps, *reinterpret_cast<QHeadSmem*>(smem));
   if (threadIdx.x == 0) a.q_head.counters[head] = 0;  // ready for the next call
 }
 

@@ -4,7 +4,7 @@
 // the wq_b kernel's fused tail (linear_gemv.cuh), so both give the same bits.
 //  1. every thread loads its 16-byte chunks of the rows (held in registers
 //     until step 3), stores their bf16-rounded squares in shared memory, and
-//     the (cos, sin) of each row's position are computed;
+//     the (cos, sin) of each row's position are computed or read (cs_of);
 //  2. one lane per row runs the sequential fp32 sum of those squares (the
 //     CPU's order: a chain of 512 dependent adds, about 1 us) and the row's
 //     bf16 factor;
@@ -70,12 +70,12 @@ __device__ __forceinline__ void each_held(const uint4 (&x)[kPerThread], int nrow
 }  // namespace qhead
 
 // Rows i < nrows (<= kQHeadRows) of q, row i at row_ptr(i) (512 bf16, 16-byte
-// aligned) with position pos_of(i), normed and rotated in place. Called by
-// all kQHeadThreads threads of the CTA (it has barriers). The rows are read
+// aligned), rotated by cs_of(i, p) = (cos, sin) of pair p at its position
+// (rope_cos_sin's bits), normed and rotated in place. Called by all
+// kQHeadThreads threads of the CTA (it has barriers). The rows are read
 // through L2 (ld.global.cg): in the fused tail other CTAs wrote them.
-template <typename RowPtr, typename PosOf>
-__device__ __forceinline__ void q_head_rows(int nrows, RowPtr row_ptr, PosOf pos_of, const float* inv_freq,
-                                            float eps, QHeadSmem& sm) {
+template <typename RowPtr, typename CsOf>
+__device__ __forceinline__ void q_head_rows(int nrows, RowPtr row_ptr, CsOf cs_of, float eps, QHeadSmem& sm) {
   using namespace qhead;
   const int tid = int(threadIdx.x);
   uint4 x[kPerThread];
@@ -95,7 +95,7 @@ __device__ __forceinline__ void q_head_rows(int nrows, RowPtr row_ptr, PosOf pos
   });
   for (int k = tid; k < nrows * (kRopeDim / 2); k += kQHeadThreads) {
     const int r = k / (kRopeDim / 2), i = k % (kRopeDim / 2);
-    sm.cs[r][i] = rope_cos_sin(pos_of(r), inv_freq[i]);
+    sm.cs[r][i] = cs_of(r, i);
   }
   __syncthreads();
 

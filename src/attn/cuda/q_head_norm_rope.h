@@ -28,6 +28,13 @@ struct QHeadNormRopeParams {
   float eps = 1e-6f;
   const int32_t* positions = nullptr;  // [T]
   const Rope* rope = nullptr;          // host object: the layer's RoPE
+  // Optional: out_rope_table_cuda's table for these positions and this RoPE
+  // ([T][32] of (cos, -sin), 16-byte aligned). The kernel then reads the
+  // rotation's factors (sin negated back: the same bits) instead of running
+  // a double-precision sincos per (row, pair), 2,048 per token at 64 heads
+  // where 32 are distinct, whose code takes the kernel to 46 registers (5
+  // CTAs an SM: two waves at 128 tokens). Null: computed.
+  const float* rope_table = nullptr;
 };
 
 void q_head_norm_rope_cuda(const QHeadNormRopeParams& p, CUstream_st* stream);

@@ -361,23 +361,32 @@ void run_q_head(const QHeadSpec& s) {
 
   DeviceArray<uint16_t> d_q(q);
   DeviceArray<int32_t> d_pos(pos);
-  cuda::QHeadNormRopeParams p;
-  p.num_tokens = T;
-  p.num_heads = H;
-  p.q = d_q.get();
-  p.q_ld = ld;
-  p.eps = kEps;
-  p.positions = d_pos.get();
-  p.rope = &rope;
-  cuda::q_head_norm_rope_cuda(p, nullptr);
-  sync_and_check("q_head_norm_rope");
-  const std::vector<uint16_t> got = d_q.download();
-  const int64_t c = first_diff(want, got);
-  EXPECT_EQ(c, -1) << "q: first difference at token " << c / ld << " head " << (c % ld) / 512 << " dim "
-                   << (c % ld) % 512 << ": want " << hex(want[size_t(std::max<int64_t>(c, 0))]) << " got "
-                   << hex(got[size_t(std::max<int64_t>(c, 0))]);
-  EXPECT_EQ(d_q.guard_damage(), -1) << "write past q";
-  std::printf("    q head: T %d H %d, %d position redraws\n", T, H, redraws);
+  // The rotation's factors computed per row, then read from the step's table
+  // (out_rope_table_cuda's (cos, -sin), as the engine passes it): both the CPU's bits.
+  DeviceArray<float> d_table(size_t(T) * kRopeDim);
+  cuda::out_rope_table_cuda(d_pos.get(), T, rope, d_table.get(), nullptr);
+  for (const bool table : {false, true}) {
+    d_q.upload(q);
+    cuda::QHeadNormRopeParams p;
+    p.num_tokens = T;
+    p.num_heads = H;
+    p.q = d_q.get();
+    p.q_ld = ld;
+    p.eps = kEps;
+    p.positions = d_pos.get();
+    p.rope = &rope;
+    p.rope_table = table ? d_table.get() : nullptr;
+    cuda::q_head_norm_rope_cuda(p, nullptr);
+    sync_and_check("q_head_norm_rope");
+    const std::vector<uint16_t> got = d_q.download();
+    const int64_t c = first_diff(want, got);
+    EXPECT_EQ(c, -1) << (table ? "table" : "computed") << " q: first difference at token " << c / ld << " head "
+                     << (c % ld) / 512 << " dim " << (c % ld) % 512 << ": want "
+                     << hex(want[size_t(std::max<int64_t>(c, 0))]) << " got " << hex(got[size_t(std::max<int64_t>(c, 0))]);
+    EXPECT_EQ(d_q.guard_damage(), -1) << "write past q";
+  }
+  EXPECT_EQ(d_table.guard_damage(), -1) << "write past the table";
+  std::printf("    q head: T %d H %d, %d position redraws, factors computed and from the table\n", T, H, redraws);
 }
 
 class QHeadNormRope : public DeviceTest {};
@@ -389,6 +398,22 @@ TEST_F(QHeadNormRope, FlashPrefillChunk) { run_q_head({200, 64, 0, false, 24}); 
 // 3 heads: a CTA's 32 rows span 11 tokens; 37 tokens leave a partial last CTA.
 TEST_F(QHeadNormRope, OddHeadCount) { run_q_head({37, 3, 8, false, 25}); }
 TEST_F(QHeadNormRope, OneHead) { run_q_head({70, 1, 0, true, 26}); }
+
+TEST_F(QHeadNormRope, RejectsAMisalignedTable) {
+  const Rope rope = compressed_rope();
+  DeviceArray<uint16_t> d_q(size_t(64) * 512);
+  DeviceArray<int32_t> d_pos(std::vector<int32_t>{5});
+  DeviceArray<float> d_table(kRopeDim + 2);
+  cuda::QHeadNormRopeParams p;
+  p.num_tokens = 1;
+  p.num_heads = 64;
+  p.q = d_q.get();
+  p.q_ld = 64 * 512;
+  p.positions = d_pos.get();
+  p.rope = &rope;
+  p.rope_table = d_table.get() + 2;  // 8 bytes past a 16-byte boundary
+  EXPECT_THROW(cuda::q_head_norm_rope_cuda(p, nullptr), Error);
+}
 
 TEST_F(QHeadNormRope, ZeroTokensLaunchNothing) {
   const Rope rope = compressed_rope();
