@@ -27,6 +27,11 @@
 //    records (kernel_trace.h); with --prefill, the last of its 16 decode
 //    steps (over the caches the prefill wrote): every kernel's start, end and
 //    stream to FILE (CSV), and a summary of where the step's time went.
+//  - --stagger: a decode row's requests spread over one C128A block (request
+//    b at context - b * 128 / batch) instead of all at the context: a
+//    server's steady state, where every step of 128 requests completes a
+//    C128A entry (and 32 C4A ones), which aligned requests do once in 128
+//    steps (and the rows' few timed steps may never see).
 //  - --stamps (with --decode): wo_a's small-M kernel writes per-CTA timer
 //    stamps in every step (small_m_stamps.h); after each decode row, the
 //    phases of the last layer's wo_a in the last step (at up to 8 rows).
@@ -120,6 +125,7 @@ struct Bench {
   int64_t next_id = 0;
   std::string trace_csv;  // --trace
   bench::SmallMStamps* stamps = nullptr;  // --stamps
+  bool stagger = false;                   // --stagger
 
   // `o`: the command line's engine options; the workload is this bench's.
   Bench(int64_t max_requests, int64_t max_context, EngineOptions o) {
@@ -198,15 +204,16 @@ struct Bench {
   }
 
   void decode_row(int batch, int64_t context, int steps) {
-    std::vector<int64_t> ids;
+    std::vector<int64_t> ids, start;
     for (int b = 0; b < batch; ++b) {
       ids.push_back(next_id++);
+      start.push_back(context - (stagger ? int64_t(b) * 128 / batch : 0));
       engine->open_request(ids.back());
-      engine->fast_forward(ids.back(), context);
+      engine->fast_forward(ids.back(), start.back());
     }
     auto runs_at = [&](int k) {
       std::vector<dsv4::Run> runs;
-      for (int64_t id : ids) runs.push_back({id, context + k, 1});
+      for (size_t b = 0; b < ids.size(); ++b) runs.push_back({ids[b], start[b] + k, 1});
       return runs;
     };
     int k = 0;
@@ -230,7 +237,8 @@ struct Bench {
                     {"bytes", bytes}, {"roofline_ms", roof * 1e3}, {"roofline_tbps", g_bandwidth / 1e12}, {"ratio", t / roof},
                     {"ms_per_type", {{"swaonly", per_type[0] * 1e3}, {"c4a", per_type[1] * 1e3},
                                      {"c128a", per_type[2] * 1e3}}},
-                    {"tokens_per_s", batch / t}, {"caches", "synthetic (random valid records)"}});
+                    {"tokens_per_s", batch / t}, {"caches", "synthetic (random valid records)"},
+                    {"staggered", stagger}});
     if (stamps != nullptr && batch <= 8) {
       char label[96];
       std::snprintf(label, sizeof label, "wo_a of the last layer, last step, %d x %lld", batch, (long long)context);
@@ -285,7 +293,7 @@ struct Bench {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, stagger = false;
   int64_t prefill_only = 0;
   std::vector<std::pair<int, int64_t>> decode;  // --decode rows
   std::string json, trace;
@@ -294,6 +302,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
+    else if (a == "--stagger") stagger = true;
     else if (a == "--serial") eo.cuda_lanes = false;
     else if (a == "--lanes-max" && i + 1 < argc) eo.cuda_lanes_max_tokens = std::atoll(argv[++i]);
     else if (a == "--attn-decode-max" && i + 1 < argc) eo.cuda_attention_decode_max_tokens = std::atoi(argv[++i]);
@@ -325,7 +334,7 @@ int main(int argc, char** argv) {
       }
     }
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--attn-decode-max N] [--attn-decode-entries N] [--attn-decode-warps N] [--prefill LEN [--trace CSV] | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV] [--stamps]] [--json FILE] [--gpu-memory F] [--index-keys fp8|mxfp4] [--bandwidth TB/s]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--attn-decode-max N] [--attn-decode-entries N] [--attn-decode-warps N] [--prefill LEN [--trace CSV] | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV] [--stamps] [--stagger]] [--json FILE] [--gpu-memory F] [--index-keys fp8|mxfp4] [--bandwidth TB/s]\n", argv[0]);
       return 2;
     }
   }
@@ -357,12 +366,14 @@ int main(int argc, char** argv) {
       }
       Bench b(batch, context + 64, eo);
       b.trace_csv = trace;
+      b.stagger = stagger;
       b.stamps = stamp_buffer.get();
       for (const auto& [bt, ctx] : decode) b.decode_row(bt, ctx, quick ? 5 : 20);
       if (!json.empty()) std::ofstream(json) << b.rows.dump(2) << "\n";
       return 0;
     }
     Bench b(128, int64_t(1) << 20, eo);
+    b.stagger = stagger;
     std::printf("\nweights %.2f GB per step: floor %.3f ms at %.2f TB/s\n", b.weight_bytes() / 1e9,
                 b.weight_bytes() / g_bandwidth * 1e3, g_bandwidth / 1e12);
     std::printf("| row | batch | context | step ms | GB moved | roofline ms | ratio | swaonly c4a c128a ms | tok/s |\n"

@@ -201,6 +201,10 @@ __device__ __forceinline__ float2 ld_cluster_f2(uint32_t addr) {
   asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
 }
+// A store into shared memory of a CTA of the cluster (an address from map_to_cta).
+__device__ __forceinline__ void st_cluster_f32(uint32_t addr, float v) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
 // The sum, in rank order from 0, of the four floats at shared address `at`
 // in CTAs 0 .. ctas - 1 of the cluster (DSMEM; ctas == 1: this CTA's own,
 // outside any cluster): the split-K sums of the small-M kernel and the GEMM.
@@ -237,6 +241,13 @@ __device__ __forceinline__ void bulk_copy_to_cta(uint32_t dst, uint32_t src, uin
 __device__ __forceinline__ void fence_mbar_init_cluster() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
+// The cluster barrier in two halves: every thread of every CTA arrives
+// (relaxed: orders nothing), then waits for all (acquire). A CTA may touch
+// another's shared memory only once that CTA has arrived, i.e. started.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
 // Every thread of every CTA of the cluster (also a CTA-wide barrier).
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");

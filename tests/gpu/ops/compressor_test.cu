@@ -411,6 +411,10 @@ TEST_F(Compressor, C4AIndexerMxfp4KeysDecode) {
 TEST_F(Compressor, C128AMainDecode) {
   run_compressor({128, 512, EntryFormat::kFp8DsMla, false, c128a_decode_runs(), false, 74, kOneToken});
 }
+// The cluster kernel of C128A's main entries: both caches past 2^31 bytes.
+TEST_F(Compressor, C128ADecodeCachesPast2GiB) {
+  run_compressor({128, 512, EntryFormat::kFp8DsMla, false, {{255, 1}, {1048575, 1}, {300, 1}}, true, 76, kOneToken});
+}
 TEST_F(Compressor, C4ADecodeCachesPast2GiB) {
   run_compressor({4, 512, EntryFormat::kFp8DsMla, false, {{7, 1}, {1048575, 1}}, true, 75, kOneToken});
 }
