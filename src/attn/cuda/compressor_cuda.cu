@@ -309,6 +309,8 @@ void launch_entries(const CompressorParams& p, const EntryArgs& args, CUstream_s
 }
 
 void launch_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
+  DSV4_REQUIRE(p.num_tokens <= (int64_t(1) << 31) / kWideSplit - 1,
+               "compressor (cuda): too many one-token runs for one launch of the cluster kernel");
   static const cudaError_t raised = cudaFuncSetAttribute(
       rows_entries_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWideSmemBytes));
   cuda_check(raised, "compressor (cuda): the wide entries kernel's shared memory");
