@@ -15,6 +15,8 @@
 // Bytes: each kernel's compulsory reads and writes (inputs, outputs, the
 // cache records, the state rows pooled); FLOPs: the arithmetic, for
 // reference (all these ops are bandwidth-bound).
+// --stamps: only the C128A entry at one decode token, with its phases
+// (wide_stamps below).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -329,6 +331,60 @@ void run_case(const Case& c, cudaStream_t s) {
   std::fflush(stdout);
 }
 
+// --stamps: the C128A cluster kernel's phases at one decode token (the
+// compressor c128a row of T = 1), from its stamped instantiation
+// (set_compressor_wide_stamps). The graph of the timing holds `launches`
+// calls, each captured with its own stamp buffer; per launch every point is
+// taken from the earliest return of the PDL wait among its 8 CTAs (when the
+// previous call's results were visible), and the table gives the median over
+// launches of the CTAs' median and latest times.
+void wide_stamps(cudaStream_t s) {
+  using dsv4::cuda::kWideStampCount;
+  const Case c = compressor_case("compressor c128a", 1, 128, 512, dsv4::EntryFormat::kFp8DsMla);
+  const int copies = std::clamp(int(std::ceil(kRotateBytes / std::max(c.bytes, 1.0))), 1, kMaxCopies);
+  std::vector<std::unique_ptr<Instance>> inst;
+  for (int i = 0; i < copies; ++i) {
+    inst.push_back(std::make_unique<Instance>());
+    c.make(*inst.back(), 1000 + 17 * uint64_t(i));
+  }
+  constexpr int kCtas = 8;
+  const int launches = std::max<int>(kMinLaunches, int(inst.size()));
+  const size_t per = size_t(kCtas) * kWideStampCount;
+  Mem mem;
+  unsigned long long* buf = mem.alloc<unsigned long long>(per * size_t(launches));
+  CHECK(cudaMemset(buf, 0, per * size_t(launches) * sizeof(unsigned long long)));
+  CHECK(cudaDeviceSynchronize());
+  const double us = dsv4::bench::graph_median_us(s, launches, 25, [&](cudaStream_t st) {
+    for (int i = 0; i < launches; ++i) {
+      dsv4::cuda::set_compressor_wide_stamps(buf + per * size_t(i));
+      inst[size_t(i) % inst.size()]->run(st);
+    }
+    dsv4::cuda::set_compressor_wide_stamps(nullptr);
+  });
+  std::vector<unsigned long long> h(per * size_t(launches));
+  CHECK(cudaMemcpy(h.data(), buf, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("c128a entry, stamped: %.2f us a call (%d launches a graph)\n", us, launches);
+  std::printf("| point | median of CTAs' median us | median of latest us |\n|---|---|---|\n");
+  for (int pt = 0; pt < kWideStampCount; ++pt) {
+    std::vector<double> med, last;
+    for (int l = 0; l < launches; ++l) {
+      const unsigned long long* at = h.data() + per * size_t(l);
+      unsigned long long t0 = ~0ull;
+      for (int c = 0; c < kCtas; ++c) t0 = std::min(t0, at[c * kWideStampCount + 1]);
+      std::vector<double> v;
+      for (int c = 0; c < kCtas; ++c) v.push_back((double(at[c * kWideStampCount + pt]) - double(t0)) * 1e-3);
+      med.push_back(median(v));
+      last.push_back(*std::max_element(v.begin(), v.end()));
+    }
+    std::printf("| %s | %.2f | %.2f |\n", dsv4::cuda::kWideStampNames[pt], median(med), median(last));
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -337,9 +393,14 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDeviceProperties(&prop, dev));
   std::printf("device: %s, %d SMs, L2 %.0f MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6);
   std::vector<int> sizes = {1, 8, 128, 8192};
-  if (argc > 1) sizes = {std::atoi(argv[1])};
   cudaStream_t s;
   CHECK(cudaStreamCreate(&s));
+  if (argc > 1 && std::string(argv[1]) == "--stamps") {
+    wide_stamps(s);
+    CHECK(cudaStreamDestroy(s));
+    return 0;
+  }
+  if (argc > 1) sizes = {std::atoi(argv[1])};
   std::printf("%-20s %5s %10s %11s %9s %10s %7s %4s\n", "kernel", "T", "time us", "bytes MB", "GFLOP", "bytes us",
               "ratio", "R");
   for (int T : sizes) {

@@ -47,12 +47,14 @@ __device__ __forceinline__ float* state_row(const CompressorParams& p, int64_t s
 }
 
 // Token t's row, [a | g + ape[pos % m]], written to `row` and, when `keep`
-// is not null, to keep as well; nthreads threads from thread 0.
+// is not null, to keep as well; nthreads threads from thread 0. Only the
+// float4s k0 .. k1 - 1 of a and of g (default: all), kept as [a's | g's].
 __device__ __forceinline__ void write_row(const CompressorParams& p, int t, const float* ape, float* row, float* keep,
-                                          int nthreads) {
+                                          int nthreads, int k0 = 0, int k1 = -1) {
   const int kc = p.kc();
+  if (k1 < 0) k1 = kc / 4;
   const float* x = p.proj + int64_t(t) * p.proj_ld;
-  for (int k = threadIdx.x; k < kc / 4; k += nthreads) {
+  for (int k = k0 + int(threadIdx.x); k < k1; k += nthreads) {
     const float4 a = *reinterpret_cast<const float4*>(x + p.a_col + 4 * k);
     const float4 g = *reinterpret_cast<const float4*>(x + p.g_col + 4 * k);
     const float4 e = __ldg(reinterpret_cast<const float4*>(ape) + k);
@@ -60,8 +62,8 @@ __device__ __forceinline__ void write_row(const CompressorParams& p, int t, cons
     reinterpret_cast<float4*>(row)[k] = a;
     reinterpret_cast<float4*>(row + kc)[k] = ge;
     if (keep) {
-      reinterpret_cast<float4*>(keep)[k] = a;
-      reinterpret_cast<float4*>(keep + kc)[k] = ge;
+      reinterpret_cast<float4*>(keep)[k - k0] = a;
+      reinterpret_cast<float4*>(keep + 4 * (k1 - k0))[k - k0] = ge;
     }
   }
 }
@@ -92,8 +94,11 @@ struct EntryPlan {
   int64_t j = 0, first = 0;
   float2 cs[2] = {};  // this thread's RoPE factors at j*m (a finishing thread with rotary dims)
 };
+// finish_dim: the entry's channels when this CTA finishes it (finish_entry's
+// threads get their factors), 0 when it does not.
 __device__ __forceinline__ EntryPlan plan_entry(const CompressorParams& p, const float* inv_freq, int t,
-                                                const float** rows_s, const float* own, const float* own_s) {
+                                                const float** rows_s, const float* own, const float* own_s,
+                                                int finish_dim) {
   EntryPlan e;
   e.page = record_page(p.out, __ldg(p.entry_slot + t), e.te);
   const int m = p.ratio;
@@ -109,8 +114,8 @@ __device__ __forceinline__ EntryPlan plan_entry(const CompressorParams& p, const
     const float* r = state_row(p, block_table_slot(p.state_table, run, e.first + i));
     rows_s[i] = r != nullptr && r == own ? own_s : r;
   }
-  const int i = int(threadIdx.x), rope0 = rope_thread0(int(blockDim.x));
-  if (i >= rope0 && i < int(blockDim.x) / 4) rope_quad_factors(e.cs, e.j * m, inv_freq, i - rope0);
+  const int i = int(threadIdx.x), rope0 = rope_thread0(finish_dim);
+  if (i >= rope0 && i < finish_dim / 4) rope_quad_factors(e.cs, e.j * m, inv_freq, i - rope0);
   return e;
 }
 
@@ -172,7 +177,7 @@ __global__ void __launch_bounds__(kDim)
     entries_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args) {
   __shared__ const float* rows_s[kMaxPooledRows];
   // The metadata, before the wait.
-  const EntryPlan e = plan_entry(p, args.rope.inv_freq, int(blockIdx.x), rows_s, nullptr, nullptr);
+  const EntryPlan e = plan_entry(p, args.rope.inv_freq, int(blockIdx.x), rows_s, nullptr, nullptr, kDim);
   pdl_start();  // pdl.cuh: launched with pdl_launch
   if (!e.page) return;  // the same for the whole CTA
   __syncthreads();
@@ -189,7 +194,7 @@ __global__ void __launch_bounds__(kDim)
   const int t = blockIdx.x;
   float* own = state_row(p, __ldg(p.row_slot + t));  // metadata: before the wait
   const float* ape = ape_row(p, t);
-  const EntryPlan e = plan_entry(p, args.rope.inv_freq, t, rows_s, own, own_s);
+  const EntryPlan e = plan_entry(p, args.rope.inv_freq, t, rows_s, own, own_s, kDim);
   pdl_start();  // pdl.cuh: launched with pdl_launch
   if (own) write_row(p, t, ape, own, e.page ? own_s : nullptr, kDim);
   if (!e.page) return;
@@ -201,102 +206,138 @@ __global__ void __launch_bounds__(kDim)
 // 512 threads pooling 128 rows took about 35 us (fused_bench, compressor
 // c128a: 768 KB of state reads and 65,536 exp_f32 on one SM), and at a block
 // end the attention waits for it. Here CTA `rank` of token t's cluster
-// takes channels rank * 64 .. + 63: it writes that slice of the token's own
-// row, stages the slice of every pooled row in shared memory (all loads in
-// flight at once), takes each channel's maximum and its weights
-// exp(g - max) on all threads, then one thread per channel sums them in row
-// order: pool_channel's operations in its order, so the same bits. Rank 0
-// gathers the 512 channels through distributed shared memory and finishes
-// the entry as the one-CTA kernel does.
+// takes channels rank * 64 .. + 63: it stages the slice of every pooled row
+// in shared memory (all loads in flight at once, the token's own row from
+// the projection, while it writes that slice to the state cache), takes
+// each channel's maximum in 4 parts of 32 rows (a maximum does not depend
+// on its order, see below) and the weights exp(g - max) on all threads, then
+// one thread per channel sums them in row order: pool_channel's operations,
+// so the same bits. Rank 0 gathers the 512 channels through distributed
+// shared memory and finishes the entry as the one-CTA kernel does. (With
+// the own row stored before the other loads and the maximum on 2 warps it
+// took 17.0 us on an H100, this way 8.3: fused_bench --stamps has the
+// phases.)
 constexpr int kWideSplit = 8;                     // CTAs a token (the portable cluster size)
 constexpr int kWideCh = kKvDim / kWideSplit;      // channels a CTA
 constexpr int kWideThreads = 256;                 // >= kKvDim / 4, the finishing threads
 constexpr int kWideRowFloats = 2 * kWideCh;       // a staged row: a, then g + ape (then the weights)
+constexpr int kWideParts = kWideThreads / kWideCh;          // threads a channel in the maximum and weights
+constexpr int kWidePartRows = kMaxPooledRows / kWideParts;  // rows a part
 constexpr size_t kWideSmemBytes = sizeof(float) * kMaxPooledRows * kWideRowFloats;
-static_assert(kWideThreads >= kKvDim / 4 && kWideCh % 4 == 0 && kWideThreads >= 2 * kWideCh / 4);
+static_assert(kWideThreads >= kKvDim / 4 && kWideCh % 4 == 0 && kWideThreads % kWideCh == 0);
 
+// The maximum as pool_channel takes it: NaN never replaces m. In any order
+// the result is the largest non-NaN value, except that a tie of +0 and -0
+// may keep either zero, and then g - m and so every weight is the same.
+__device__ __forceinline__ float max_step(float m, float g) { return m < g ? g : m; }
+
+// kStamps: the diagnostics instantiation (set_compressor_wide_stamps).
+template <bool kStamps>
 __global__ void __launch_bounds__(kWideThreads)
-    rows_entries_wide_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args) {
+    rows_entries_wide_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args,
+                             unsigned long long* stamps) {
+  auto stamp = [&](int at) {
+    if constexpr (kStamps)
+      if (threadIdx.x == 0) stamps[size_t(blockIdx.x) * kWideStampCount + at] = global_timer_ns();
+  };
+  stamp(0);
   extern __shared__ __align__(16) float stage[];  // [row][kWideRowFloats]
   __shared__ const float* rows_s[kMaxPooledRows];
-  __shared__ __align__(16) float own_s[kWideRowFloats];  // this CTA's slice of the own row
-  __shared__ __align__(16) float v_s[kKvDim];            // rank 0: the pooled channels of every CTA
-  __shared__ float mx_s[kWideCh];
+  __shared__ __align__(16) float v_s[kKvDim];  // rank 0: the pooled channels of every CTA
+  __shared__ float mx_s[kWideParts][kWideCh];
   const int tid = int(threadIdx.x), rank = int(blockIdx.x) % kWideSplit, t = int(blockIdx.x) / kWideSplit;
   const int c0 = rank * kWideCh;  // this CTA's first channel
   float* own = state_row(p, __ldg(p.row_slot + t));  // metadata: before the wait
   const float* ape = ape_row(p, t);
-  const EntryPlan e = plan_entry(p, args.rope.inv_freq, t, rows_s, own, own);  // the own row stays `own`
-  float2 cs[2] = {};
-  const int rope0 = rope_thread0(kKvDim);
-  if (rank == 0 && e.page && tid >= rope0 && tid < kKvDim / 4)
-    rope_quad_factors(cs, e.j * p.ratio, args.rope.inv_freq, tid - rope0);
-  pdl_start();  // pdl.cuh: launched with pdl_launch_clustered
-  // The own row's slice: a at c0.., g + ape at kc + c0.. (write_row's values).
-  if (tid < kWideRowFloats / 4) {
-    const int q = tid % (kWideCh / 4), half = tid / (kWideCh / 4), k = c0 / 4 + q;
-    const float* x = p.proj + int64_t(t) * p.proj_ld;
-    float4 v = *reinterpret_cast<const float4*>(x + (half ? p.g_col : p.a_col) + 4 * k);
-    if (half) {
-      const float4 a = __ldg(reinterpret_cast<const float4*>(ape) + k);
-      v = make_float4(__fadd_rn(v.x, a.x), __fadd_rn(v.y, a.y), __fadd_rn(v.z, a.z), __fadd_rn(v.w, a.w));
-    }
-    if (own) reinterpret_cast<float4*>(own + half * p.kc())[k] = v;
-    reinterpret_cast<float4*>(own_s)[tid] = v;
-  }
+  // The own row stays `own` in rows_s; rank 0 finishes (its factors).
+  const EntryPlan e = plan_entry(p, args.rope.inv_freq, t, rows_s, own, own, rank == 0 ? kKvDim : 0);
+  const int64_t own_i = __ldg(p.positions + t) - e.first;  // the own row's place in the window
+  __syncthreads();  // rows_s
+  pdl_start();      // pdl.cuh: launched with pdl_launch_clustered
+  stamp(1);
+  // The own row's slice goes to the state cache from the stage's registers
+  // below where the window holds it (always, with consistent metadata);
+  // otherwise here, as the one-CTA kernel writes it.
+  const bool own_staged = e.page && own && own_i >= 0 && own_i < e.n && rows_s[own_i] == own;
+  if (own && !own_staged) write_row(p, t, ape, own, nullptr, kWideThreads, c0 / 4, (c0 + kWideCh) / 4);
   if (!e.page) return;  // the same for the whole cluster
   cluster_arrive_relaxed();  // this CTA has started: rank 0 waits for all before its v_s is written
-  __syncthreads();           // own_s
   // Every pooled row's slice into the stage, all loads in flight before any
-  // store (absent rows: rows_s null, not read).
+  // store. A thread's column is the same in every row: quad q of [a | g].
+  // The row at `own` comes from the projection (write_row's values: a, and
+  // g + ape), not from the state row it writes; an absent row is staged as
+  // a = 0, g = -inf, which leaves the maximum alone and gets the weight
+  // exp(-inf) = 0, and adding its zeros to the sums is exact (they never
+  // hold -0), so the sums skip nothing, as pool_channel skips it.
   constexpr int kQuads = kWideRowFloats / 4, kPer = kMaxPooledRows * kQuads / kWideThreads;
-  static_assert(kMaxPooledRows * kQuads % kWideThreads == 0);
+  static_assert(kMaxPooledRows * kQuads % kWideThreads == 0 && kWideThreads % kQuads == 0);
+  const float kNegInf = -__int_as_float(0x7f800000);
+  const int q = tid % kQuads, half = q / (kWideCh / 4), col = c0 + 4 * (q % (kWideCh / 4));
+  const float* x = p.proj + int64_t(t) * p.proj_ld + (half ? p.g_col : p.a_col) + col;
+  const float4 ape4 = half ? __ldg(reinterpret_cast<const float4*>(ape + col)) : make_float4(0.f, 0.f, 0.f, 0.f);
   float4 v[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
-    const int k = tid + u * kWideThreads, i = k / kQuads, q = k % kQuads, half = q / (kWideCh / 4);
+    const int i = tid / kQuads + u * (kWideThreads / kQuads);
     const float* r = i < e.n ? rows_s[i] : nullptr;
-    if (r != nullptr)
-      v[u] = r == own ? reinterpret_cast<const float4*>(own_s)[q]
-                      : *reinterpret_cast<const float4*>(r + half * p.kc() + c0 + 4 * (q % (kWideCh / 4)));
+    if (r == nullptr)
+      v[u] = half ? make_float4(kNegInf, kNegInf, kNegInf, kNegInf) : make_float4(0.f, 0.f, 0.f, 0.f);
+    else
+      v[u] = *reinterpret_cast<const float4*>(r == own ? x : r + half * p.kc() + col);
   }
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
-    const int k = tid + u * kWideThreads, i = k / kQuads;
-    if (i < e.n && rows_s[i] != nullptr) reinterpret_cast<float4*>(stage + i * kWideRowFloats)[k % kQuads] = v[u];
+    const int i = tid / kQuads + u * (kWideThreads / kQuads);
+    if (i < e.n && rows_s[i] == own) {
+      if (half)
+        v[u] = make_float4(__fadd_rn(v[u].x, ape4.x), __fadd_rn(v[u].y, ape4.y), __fadd_rn(v[u].z, ape4.z),
+                           __fadd_rn(v[u].w, ape4.w));
+      reinterpret_cast<float4*>(own + half * p.kc() + col)[0] = v[u];
+    }
+    reinterpret_cast<float4*>(stage + i * kWideRowFloats)[q] = v[u];
   }
   __syncthreads();
-  const float kNegInf = -__int_as_float(0x7f800000);
-  if (tid < kWideCh) {  // pool_channel's maximum, in its order
-    float mx = kNegInf;
-#pragma unroll 8
-    for (int i = 0; i < e.n; ++i)
-      if (rows_s[i]) mx = mx < stage[i * kWideRowFloats + kWideCh + tid] ? stage[i * kWideRowFloats + kWideCh + tid] : mx;
-    mx_s[tid] = mx;
+  stamp(2);
+  // The maximum and the weights: thread (part, c) takes channel c of rows
+  // part * kWidePartRows .., its gates kept in registers between the two.
+  const int c = tid % kWideCh, part = tid / kWideCh;
+  float* g_at = stage + part * kWidePartRows * kWideRowFloats + kWideCh + c;
+  float g[kWidePartRows], m[4] = {kNegInf, kNegInf, kNegInf, kNegInf};
+#pragma unroll
+  for (int u = 0; u < kWidePartRows; ++u) {
+    g[u] = g_at[u * kWideRowFloats];
+    m[u % 4] = max_step(m[u % 4], g[u]);
   }
+  mx_s[part][c] = max_step(max_step(m[0], m[1]), max_step(m[2], m[3]));
   __syncthreads();
-  for (int k = tid; k < e.n * kWideCh; k += kWideThreads) {  // the weights, in place of g
-    const int i = k / kWideCh, c = k % kWideCh;
-    float& g = stage[i * kWideRowFloats + kWideCh + c];
-    if (rows_s[i]) g = pool::exp_f32(pool::fsub(g, mx_s[c]));
-  }
+  stamp(3);
+  float mx = kNegInf;
+#pragma unroll
+  for (int k = 0; k < kWideParts; ++k) mx = max_step(mx, mx_s[k][c]);
+#pragma unroll
+  for (int u = 0; u < kWidePartRows; ++u) g_at[u * kWideRowFloats] = pool::exp_f32(pool::fsub(g[u], mx));
   __syncthreads();
+  stamp(4);
   cluster_wait();  // every CTA of the cluster has started
+  stamp(5);
   if (tid < kWideCh) {  // pool_channel's sums, in row order
     float den = 0.0f, num = 0.0f;
-#pragma unroll 8
-    for (int i = 0; i < e.n; ++i) {
-      if (!rows_s[i]) continue;
+#pragma unroll 16
+    for (int i = 0; i < kMaxPooledRows; ++i) {
       const float w = stage[i * kWideRowFloats + kWideCh + tid];
       den = pool::fadd(den, w);
       num = pool::fadd(num, pool::fmul(w, stage[i * kWideRowFloats + tid]));
     }
     st_cluster_f32(map_to_cta(smem_u32(&v_s[c0 + tid]), 0), pool::fdiv(num, den));
   }
+  stamp(6);
   cluster_sync();  // rank 0's v_s is whole (release / acquire at cluster scope)
-  if (rank != 0) return;
-  finish_entry<kKvDim>(p, args, e, cs, v_s);
+  stamp(7);
+  if (rank == 0) finish_entry<kKvDim>(p, args, e, e.cs, v_s);
+  stamp(8);
 }
+
+unsigned long long* g_wide_stamps = nullptr;  // set_compressor_wide_stamps
 
 // The entries kernel for (c, m): kFused picks rows_entries_kernel.
 template <bool kFused, int kDim, int kBatch>
@@ -311,11 +352,16 @@ void launch_entries(const CompressorParams& p, const EntryArgs& args, CUstream_s
 void launch_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
   DSV4_REQUIRE(p.num_tokens <= (int64_t(1) << 31) / kWideSplit - 1,
                "compressor (cuda): too many one-token runs for one launch of the cluster kernel");
-  static const cudaError_t raised = cudaFuncSetAttribute(
-      rows_entries_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWideSmemBytes));
-  cuda_check(raised, "compressor (cuda): the wide entries kernel's shared memory");
-  pdl_launch_clustered(rows_entries_wide_kernel, dim3(unsigned(p.num_tokens) * kWideSplit), dim3(kWideThreads),
-                       kWideSmemBytes, stream, dim3(kWideSplit), p, args);
+  static const cudaError_t raised[2] = {
+      cudaFuncSetAttribute(rows_entries_wide_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kWideSmemBytes)),
+      cudaFuncSetAttribute(rows_entries_wide_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kWideSmemBytes))};
+  cuda_check(raised[0], "compressor (cuda): the wide entries kernel's shared memory");
+  cuda_check(raised[1], "compressor (cuda): the wide entries kernel's shared memory (stamped)");
+  pdl_launch_clustered(g_wide_stamps ? rows_entries_wide_kernel<true> : rows_entries_wide_kernel<false>,
+                       dim3(unsigned(p.num_tokens) * kWideSplit), dim3(kWideThreads), kWideSmemBytes, stream,
+                       dim3(kWideSplit), p, args, g_wide_stamps);
 }
 
 template <bool kFused>
@@ -334,6 +380,8 @@ void launch_entries_for(const CompressorParams& p, const EntryArgs& args, CUstre
 }
 
 }  // namespace
+
+void set_compressor_wide_stamps(unsigned long long* stamps) { g_wide_stamps = stamps; }
 
 void check_compressor_cuda_params(const CompressorParams& p) {
   check_compressor_params(p);

@@ -54,6 +54,9 @@ struct CompSpec {
   bool big = false;  // state and output caches past 2 GiB, the used pages at their top
   uint64_t seed = 1;
   cuda::CompressorLaunch launch = cuda::CompressorLaunch::kAny;
+  // Every gate of the earlier rows -(|N| + 1), or +0 or -0 (an eighth each),
+  // the tokens' own gates far below: each channel's maximum a tie of zeros.
+  bool zero_tie_gates = false;
 };
 
 int state_entries_per_page(int m) { return m == 4 ? 4 : 128; }  // the state groups' pages
@@ -188,6 +191,11 @@ CompCase make_case(const CompSpec& s) {
     for (int64_t p = std::max<int64_t>(0, s.runs[r].start - lookback); p < s.runs[r].start; ++p) {
       std::vector<float> row(size_t(k.row_floats));
       for (int i = 0; i < k.row_floats; ++i) row[size_t(i)] = i < k.kc ? nd(rng) : 2.0f * nd(rng);
+      if (s.zero_tie_gates)
+        for (int i = k.kc; i < k.row_floats; ++i) {
+          const uint64_t pick = rng() % 8;
+          row[size_t(i)] = pick == 0 ? 0.0f : pick == 1 ? -0.0f : -(std::fabs(row[size_t(i)]) + 1.0f);
+        }
       const int32_t slot = k.state_slot(int(r), p);
       uint8_t* page = k.state.data() + size_t(slot / k.Bs) * k.s_stride;
       std::memcpy(page + sizeof(float) * size_t(k.row_floats) * size_t(slot % k.Bs), row.data(), sizeof(float) * row.size());
@@ -226,6 +234,8 @@ CompCase make_case(const CompSpec& s) {
   for (int t = 0; t < k.T; ++t) {
     float* x = k.proj.data() + size_t(t) * size_t(k.proj_ld);
     for (int i = 0; i < k.kc; ++i) x[k.g_col + i] *= 2.0f;  // gates spread wider than values
+    if (s.zero_tie_gates)
+      for (int i = 0; i < k.kc; ++i) x[k.g_col + i] = -40.0f;
     if (k.row_slot[size_t(t)] < 0 || k.row_slot[size_t(t)] >= k.s_cap()) continue;
     std::vector<float> row(size_t(k.row_floats));
     const float* ape = k.ape.data() + size_t(k.positions[size_t(t)] % m) * size_t(k.kc);
@@ -414,6 +424,36 @@ TEST_F(Compressor, C128AMainDecode) {
 // The cluster kernel of C128A's main entries: both caches past 2^31 bytes.
 TEST_F(Compressor, C128ADecodeCachesPast2GiB) {
   run_compressor({128, 512, EntryFormat::kFp8DsMla, false, {{255, 1}, {1048575, 1}, {300, 1}}, true, 76, kOneToken});
+}
+// The cluster kernel takes each channel's maximum in parts, in another order
+// than the CPU: with every maximum a tie of +0 and -0 the weights, so the
+// records, are still the same bits.
+TEST_F(Compressor, C128ADecodeGatesTieAtZero) {
+  CompSpec spec{128, 512, EntryFormat::kFp8DsMla, false, c128a_decode_runs(), false, 77, kOneToken};
+  spec.zero_tie_gates = true;
+  run_compressor(spec);
+}
+// The cluster kernel's stamped instantiation (set_compressor_wide_stamps,
+// fused_bench --stamps): the same bits, and for the tokens that complete an
+// entry every CTA's stamps in order.
+TEST_F(Compressor, WideStampsLeaveTheEntryAlone) {
+  const std::vector<RunSpec> runs = c128a_decode_runs();
+  const size_t ctas = 8 * (runs.size() + 2), per = cuda::kWideStampCount;  // the test's 2 padding tokens
+  DeviceArray<unsigned long long> stamps(std::vector<unsigned long long>(ctas * per, 0));
+  cuda::set_compressor_wide_stamps(stamps.get());
+  run_compressor({128, 512, EntryFormat::kFp8DsMla, false, runs, false, 74, kOneToken});
+  cuda::set_compressor_wide_stamps(nullptr);
+  const std::vector<unsigned long long> h = stamps.download();
+  int stamped = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    if ((runs[r].start + 1) % 128 != 0) continue;  // completes no entry: the CTAs leave after the wait
+    for (size_t cta = 8 * r; cta < 8 * r + 8; ++cta, ++stamped)
+      for (size_t pt = 0; pt < per; ++pt) {
+        ASSERT_NE(h[cta * per + pt], 0u) << "CTA " << cta << " point " << cuda::kWideStampNames[pt];
+        if (pt > 0) EXPECT_LE(h[cta * per + pt - 1], h[cta * per + pt]) << "CTA " << cta << " point " << pt;
+      }
+  }
+  EXPECT_EQ(stamped, 24);  // 127, 255 and 1048575 complete entries
 }
 TEST_F(Compressor, C4ADecodeCachesPast2GiB) {
   run_compressor({4, 512, EntryFormat::kFp8DsMla, false, {{7, 1}, {1048575, 1}}, true, 75, kOneToken});
