@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kWideThreads)
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     const int i = tid / kQuads + u * (kWideThreads / kQuads);
-    if (i < e.n && rows_s[i] == own) {
+    if (own && i < e.n && rows_s[i] == own) {  // an absent row is null: never the own row
       if (half)
         v[u] = make_float4(__fadd_rn(v[u].x, ape4.x), __fadd_rn(v[u].y, ape4.y), __fadd_rn(v[u].z, ape4.z),
                            __fadd_rn(v[u].w, ape4.w));

@@ -57,6 +57,10 @@ struct CompSpec {
   // Every gate of the earlier rows -(|N| + 1), or +0 or -0 (an eighth each),
   // the tokens' own gates far below: each channel's maximum a tie of zeros.
   bool zero_tie_gates = false;
+  // A run whose state pages are all unmapped (its table -1, so its row slots
+  // are negative too) while its entries have slots: nothing may be read or
+  // written for its rows; its records (pools of no rows) are not compared.
+  int unmapped_run = -1;
 };
 
 int state_entries_per_page(int m) { return m == 4 ? 4 : 128; }  // the state groups' pages
@@ -181,13 +185,14 @@ CompCase make_case(const CompSpec& s) {
   for (size_t r = 0; r < s.runs.size(); ++r) {
     const int64_t lo = std::max<int64_t>(0, s.runs[r].start - lookback), hi = s.runs[r].start + s.runs[r].len - 1;
     k.table_first.push_back(int32_t(lo / k.Bs));
-    for (int64_t b = lo / k.Bs; b <= hi / k.Bs; ++b)
+    for (int64_t b = lo / k.Bs; b <= hi / k.Bs && int(r) != s.unmapped_run; ++b)
       k.table_pages[r * size_t(k.width) + size_t(b - lo / k.Bs)] = s_draw.next();
   }
 
   // Rows of earlier steps: positions lo .. start - 1 of each run.
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (size_t r = 0; r < s.runs.size(); ++r) {
+    if (int(r) == s.unmapped_run) continue;
     for (int64_t p = std::max<int64_t>(0, s.runs[r].start - lookback); p < s.runs[r].start; ++p) {
       std::vector<float> row(size_t(k.row_floats));
       for (int i = 0; i < k.row_floats; ++i) row[size_t(i)] = i < k.kc ? nd(rng) : 2.0f * nd(rng);
@@ -328,6 +333,12 @@ void run_compressor(const CompSpec& spec) {
     const int64_t slot = k.entry_slot[size_t(t)];
     if (slot < 0 || slot >= k.o_cap()) continue;
     ++entries;
+    if (k.token_run[size_t(t)] == spec.unmapped_run) {  // a pool of no rows (NaN): taken as it is
+      const size_t page = size_t(slot / k.Bo) * k.o_stride;
+      for (auto [o, n] : record_ranges(spec.record, k.Bo, int(slot % k.Bo)))
+        std::memcpy(out_want.data() + page + o, out_got.data() + page + o, n);
+      continue;
+    }
     const int64_t j = (k.positions[size_t(t)] + 1) / m - 1;
     compress_pool_cpu(hp, t, v.data());  // this step's rows are in state_want now
     round_bf16(v.data(), v.size());
@@ -431,6 +442,14 @@ TEST_F(Compressor, C128ADecodeCachesPast2GiB) {
 TEST_F(Compressor, C128ADecodeGatesTieAtZero) {
   CompSpec spec{128, 512, EntryFormat::kFp8DsMla, false, c128a_decode_runs(), false, 77, kOneToken};
   spec.zero_tie_gates = true;
+  run_compressor(spec);
+}
+// A decode token at a block end whose state pages are unmapped (its row
+// slot negative, its window absent) but whose entry has a slot: the cluster
+// kernel reads and writes no state row (the caches otherwise the CPU's bits).
+TEST_F(Compressor, C128ADecodeWithoutStatePages) {
+  CompSpec spec{128, 512, EntryFormat::kFp8DsMla, false, {{255, 1}, {383, 1}}, false, 78, kOneToken};
+  spec.unmapped_run = 0;
   run_compressor(spec);
 }
 // The cluster kernel's stamped instantiation (set_compressor_wide_stamps,
