@@ -5,7 +5,8 @@
 // m = 4 and 128, c = 512 and 128, fp8_ds_mla and both indexer key formats,
 // chunks that end inside a compression window (rows of an earlier step in the
 // state cache), prompts shorter than one block, C4A slot 0, positions at the
-// end of the 1M context and caches past 2 GiB. compress_cpu itself is checked
+// end of the 1M context, caches past 2 GiB and, for C128A's decode cluster
+// kernel, maxima that tie +0 and -0 and a block end without state pages. compress_cpu itself is checked
 // against the direct formula of SPEC §4.3 in double precision, and the shared
 // exp_f32 for accuracy and host/device identity. Device tests skip without a
 // CUDA device.
