@@ -308,26 +308,42 @@ Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::Entr
 
 // ---- timing -------------------------------------------------------------------
 
-// Median µs of one call over graph replays; the calls rotate over the instances.
-double time_calls(std::vector<std::unique_ptr<Instance>>& inst, cudaStream_t s) {
-  const int launches = std::max<int>(kMinLaunches, int(inst.size()));
-  return dsv4::bench::graph_median_us(s, launches, 25, [&](cudaStream_t st) {
-    for (int i = 0; i < launches; ++i) inst[size_t(i) % inst.size()]->run(st);
-  });
-}
+using Instances = std::vector<std::unique_ptr<Instance>>;
 
-void run_case(const Case& c, cudaStream_t s) {
+// The case's R buffer copies (R x bytes >= kRotateBytes, R <= kMaxCopies), made.
+Instances make_instances(const Case& c) {
   const int copies = std::clamp(int(std::ceil(kRotateBytes / std::max(c.bytes, 1.0))), 1, kMaxCopies);
-  std::vector<std::unique_ptr<Instance>> inst;
+  Instances inst;
   for (int i = 0; i < copies; ++i) {
     inst.push_back(std::make_unique<Instance>());
     c.make(*inst.back(), 1000 + 17 * uint64_t(i));
   }
   CHECK(cudaDeviceSynchronize());
+  return inst;
+}
+
+// The calls a timing graph holds.
+int launches_for(const Instances& inst) { return std::max<int>(kMinLaunches, int(inst.size())); }
+
+// Median µs of one call over graph replays; the calls rotate over the
+// instances. before_call(i), if given, runs on the host before call i is
+// captured.
+double time_calls(Instances& inst, cudaStream_t s, const std::function<void(int)>& before_call = nullptr) {
+  const int launches = launches_for(inst);
+  return dsv4::bench::graph_median_us(s, launches, 25, [&](cudaStream_t st) {
+    for (int i = 0; i < launches; ++i) {
+      if (before_call) before_call(i);
+      inst[size_t(i) % inst.size()]->run(st);
+    }
+  });
+}
+
+void run_case(const Case& c, cudaStream_t s) {
+  Instances inst = make_instances(c);
   const double us = time_calls(inst, s);
   const double roof = c.bytes / kPeakBytes * 1e6;
   std::printf("%-20s %5d %10.2f %11.3f %9.4f %10.2f %7.2f %4d\n", c.name.c_str(), c.T, us, c.bytes / 1e6,
-              c.flops / 1e9, roof, us / roof, copies);
+              c.flops / 1e9, roof, us / roof, int(inst.size()));
   std::fflush(stdout);
 }
 
@@ -340,27 +356,17 @@ void run_case(const Case& c, cudaStream_t s) {
 // launches of the CTAs' median and latest times.
 void wide_stamps(cudaStream_t s) {
   using dsv4::cuda::kWideStampCount;
-  const Case c = compressor_case("compressor c128a", 1, 128, 512, dsv4::EntryFormat::kFp8DsMla);
-  const int copies = std::clamp(int(std::ceil(kRotateBytes / std::max(c.bytes, 1.0))), 1, kMaxCopies);
-  std::vector<std::unique_ptr<Instance>> inst;
-  for (int i = 0; i < copies; ++i) {
-    inst.push_back(std::make_unique<Instance>());
-    c.make(*inst.back(), 1000 + 17 * uint64_t(i));
-  }
+  Instances inst = make_instances(compressor_case("compressor c128a", 1, 128, 512, dsv4::EntryFormat::kFp8DsMla));
   constexpr int kCtas = 8;
-  const int launches = std::max<int>(kMinLaunches, int(inst.size()));
+  const int launches = launches_for(inst);
   const size_t per = size_t(kCtas) * kWideStampCount;
   Mem mem;
   unsigned long long* buf = mem.alloc<unsigned long long>(per * size_t(launches));
   CHECK(cudaMemset(buf, 0, per * size_t(launches) * sizeof(unsigned long long)));
   CHECK(cudaDeviceSynchronize());
-  const double us = dsv4::bench::graph_median_us(s, launches, 25, [&](cudaStream_t st) {
-    for (int i = 0; i < launches; ++i) {
-      dsv4::cuda::set_compressor_wide_stamps(buf + per * size_t(i));
-      inst[size_t(i) % inst.size()]->run(st);
-    }
-    dsv4::cuda::set_compressor_wide_stamps(nullptr);
-  });
+  const double us =
+      time_calls(inst, s, [&](int i) { dsv4::cuda::set_compressor_wide_stamps(buf + per * size_t(i)); });
+  dsv4::cuda::set_compressor_wide_stamps(nullptr);  // each captured launch kept its own pointer
   std::vector<unsigned long long> h(per * size_t(launches));
   CHECK(cudaMemcpy(h.data(), buf, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
   auto median = [](std::vector<double> v) {
