@@ -46,9 +46,10 @@ __device__ __forceinline__ float* state_row(const CompressorParams& p, int64_t s
   return reinterpret_cast<float*>(p.state.page(slot / B) + sizeof(float) * size_t(p.row_floats()) * size_t(slot % B));
 }
 
-// Token t's row, [a | g + ape[pos % m]], written to `row` and, when `keep`
-// is not null, to keep as well; nthreads threads from thread 0. Only the
-// float4s k0 .. k1 - 1 of a and of g (default: all), kept as [a's | g's].
+// Token t's row, [a | g + ape[pos % m]], written to `row`; nthreads threads
+// from thread 0. Only the float4s k0 .. k1 - 1 of a and of g (default: all).
+// A whole row (the default slice) may also be kept in `keep`, laid out as the
+// row; a caller that writes a slice passes keep = nullptr.
 __device__ __forceinline__ void write_row(const CompressorParams& p, int t, const float* ape, float* row, float* keep,
                                           int nthreads, int k0 = 0, int k1 = -1) {
   const int kc = p.kc();
@@ -62,8 +63,8 @@ __device__ __forceinline__ void write_row(const CompressorParams& p, int t, cons
     reinterpret_cast<float4*>(row)[k] = a;
     reinterpret_cast<float4*>(row + kc)[k] = ge;
     if (keep) {
-      reinterpret_cast<float4*>(keep)[k - k0] = a;
-      reinterpret_cast<float4*>(keep + 4 * (k1 - k0))[k - k0] = ge;
+      reinterpret_cast<float4*>(keep)[k] = a;
+      reinterpret_cast<float4*>(keep + kc)[k] = ge;
     }
   }
 }
