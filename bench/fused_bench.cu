@@ -356,8 +356,9 @@ void run_case(const Case& c, cudaStream_t s) {
 // launches of the CTAs' median and latest times.
 void wide_stamps(cudaStream_t s) {
   using dsv4::cuda::kWideStampCount;
+  using dsv4::cuda::kWideSplit;
   Instances inst = make_instances(compressor_case("compressor c128a", 1, 128, 512, dsv4::EntryFormat::kFp8DsMla));
-  constexpr int kCtas = 8;
+  constexpr int kCtas = kWideSplit;  // one token's cluster
   const int launches = launches_for(inst);
   const size_t per = size_t(kCtas) * kWideStampCount;
   Mem mem;

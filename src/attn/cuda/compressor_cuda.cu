@@ -218,7 +218,6 @@ __global__ void __launch_bounds__(kDim)
 // the own row stored before the other loads and the maximum on 2 warps it
 // took 17.0 us on an H100, this way 8.3: fused_bench --stamps has the
 // phases.)
-constexpr int kWideSplit = 8;                     // CTAs a token (the portable cluster size)
 constexpr int kWideCh = kKvDim / kWideSplit;      // channels a CTA
 constexpr int kWideThreads = 256;                 // >= kKvDim / 4, the finishing threads
 constexpr int kWideRowFloats = 2 * kWideCh;       // a staged row: a, then g + ape (then the weights)

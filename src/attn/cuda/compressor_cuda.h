@@ -42,8 +42,10 @@ void check_compressor_cuda_params(const CompressorParams& p);
 // Diagnostics (fused_bench --stamps): while a buffer is set, launches of the
 // C128A cluster kernel take its stamped instantiation, whose thread 0 of each
 // CTA writes %globaltimer (ns) at the points below to
-// stamps[cta * kWideStampCount + point] (cta: blockIdx.x). Read at launch, so
-// a graph captured meanwhile keeps the pointer it saw. nullptr: off.
+// stamps[cta * kWideStampCount + point] (cta: blockIdx.x; kWideSplit CTAs a
+// token). Read at launch, so a graph captured meanwhile keeps the pointer it
+// saw. nullptr: off.
+inline constexpr int kWideSplit = 8;  // CTAs a token (the portable cluster size)
 inline constexpr int kWideStampCount = 9;
 inline constexpr const char* kWideStampNames[kWideStampCount] = {
     "entry", "waited", "staged", "maxima", "weights", "cluster waited", "sums sent", "gathered", "done"};

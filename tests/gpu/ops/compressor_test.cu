@@ -458,7 +458,7 @@ TEST_F(Compressor, C128ADecodeWithoutStatePages) {
 // entry every CTA's stamps in order.
 TEST_F(Compressor, WideStampsLeaveTheEntryAlone) {
   const std::vector<RunSpec> runs = c128a_decode_runs();
-  const size_t ctas = 8 * (runs.size() + 2), per = cuda::kWideStampCount;  // the test's 2 padding tokens
+  const size_t ctas = cuda::kWideSplit * (runs.size() + 2), per = cuda::kWideStampCount;  // the test's 2 padding tokens
   DeviceArray<unsigned long long> stamps(std::vector<unsigned long long>(ctas * per, 0));
   cuda::set_compressor_wide_stamps(stamps.get());
   run_compressor({128, 512, EntryFormat::kFp8DsMla, false, runs, false, 74, kOneToken});
