@@ -282,13 +282,16 @@ struct DiagRow {
 // kernel would take: per CTA the start and end of its tile loop
 // (%globaltimer) and how long S, V and the producer waited at each of their
 // barriers (kDebug*). Means over the CTAs that had work; the mean and the
-// last loop end from the earliest start.
+// last loop end from the earliest start. A second table follows one CTA's
+// first tile (kDebugQReady .. kDebugFinish): the median over the CTAs with
+// work of each step's end, from that CTA's own start.
 void diagnose(cudaStream_t s) {
   const DiagRow cfgs[] = {{1, 64, 0, 0}, {128, 64, 0, 0}, {1, 64, 1024, 2}, {128, 64, 512, 64}, {1, 64, 8192, 2}, {128, 128, 1024, 64}};
   namespace cu = dsv4::cuda;
   std::printf("\n| b | H | N | call us | CTAs | loop end us | last end us | S waited for K us | S waited for P free us |"
               " V waited for P us | V waited for K buffer us | producer waited us | V waited for its records us |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<std::string> firsts;  // the second table's rows
   for (const DiagRow& c : cfgs) {
     Problem pr = make_problem(c.b, c.heads, c.extra, c.page, false, 4242 + c.b);
     dsv4::SparseAttentionCuda attn(tile_limits(pr));  // the timers are the tile kernel's
@@ -330,8 +333,23 @@ void diagnose(cudaStream_t s) {
                 double(tend - t0) * 1e-3);
     for (double w : waited) std::printf(" %.1f |", w * 1e-3);
     std::printf("\n");
+    char line[256];
+    int n = std::snprintf(line, sizeof line, "| %d | %d | %d |", c.b, c.heads, 128 + c.extra);
+    for (int k = cu::kDebugQReady; k <= cu::kDebugFinish; ++k) {
+      std::vector<double> v;
+      for (int c2 = 0; c2 < g; ++c2)
+        if (at(c2, cu::kDebugStart) && at(c2, k))  // a CTA with work, and the step stamped
+          v.push_back((double(at(c2, k)) - double(at(c2, cu::kDebugStart))) * 1e-3);
+      std::sort(v.begin(), v.end());
+      n += std::snprintf(line + n, sizeof line - size_t(n), " %.2f |", v.empty() ? 0.0 : v[v.size() / 2]);
+    }
+    firsts.push_back(line);
     free_problem(pr);
   }
+  std::printf("\nThe first tile of a CTA, median us from its start (after the wait) to the end of each step:\n"
+              "| b | H | N | Q in shared memory | producer's rows | S's K wait | Q K^T | P to V | S's P V |"
+              " last unit stored |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const std::string& l : firsts) std::printf("%s\n", l.c_str());
 }
 
 // --diag-decode: the decode kernel's phases (kDecode* stamps of the last of

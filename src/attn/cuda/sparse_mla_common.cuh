@@ -33,8 +33,8 @@ __device__ __forceinline__ uint32_t chunk_off(int row, int c) {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-__device__ __forceinline__ void stamp(const AttnParams& p, int k) {
-  if (threadIdx.x == 0) p.debug_clock[blockIdx.x * kDebugSlots + k] = global_timer_ns();
+__device__ __forceinline__ void stamp(const AttnParams& p, int k, unsigned thread = 0) {
+  if (threadIdx.x == thread) p.debug_clock[blockIdx.x * kDebugSlots + k] = global_timer_ns();
 }
 
 // Walks the units of a CTA range in order; the next unit's record is loaded

@@ -86,7 +86,7 @@ struct AttnParams {
   unsigned long long* debug_clock;
 };
 
-inline constexpr int kDebugSlots = 8;
+inline constexpr int kDebugSlots = 16;
 inline constexpr int kDebugStart = 0;         // %globaltimer at the CTA's start
 inline constexpr int kDebugConsumerWait = 1;  // time S waited for a tile's K (all writers, both CTAs of a pair)
 inline constexpr int kDebugProducerWait = 2;  // time the producer waited for a free K buffer
@@ -95,6 +95,17 @@ inline constexpr int kDebugSPFree = 4;        // time S waited for V to free P
 inline constexpr int kDebugVPReady = 5;       // time V waited for S's P
 inline constexpr int kDebugVEmpty = 6;        // time V waited for a free K buffer
 inline constexpr int kDebugVStage = 7;        // time V waited for its staged records (cp.async)
+// The CTA's first tile, %globaltimer when each step ended (the chain of
+// one tile at batch 1): S had Q in shared memory, the producer signalled
+// its rows, S's wait for K returned, S's Q K^T, S handed P to V, S's P V;
+// and when S last stored a unit's outputs or partials.
+inline constexpr int kDebugQReady = 8;
+inline constexpr int kDebugProducerFull = 9;
+inline constexpr int kDebugFirstK = 10;
+inline constexpr int kDebugFirstS = 11;
+inline constexpr int kDebugFirstP = 12;
+inline constexpr int kDebugFirstPV = 13;
+inline constexpr int kDebugFinish = 14;
 // The decode kernel's stamps (%globaltimer, per CTA in grid order).
 inline constexpr int kDecodeEntry = 0;   // the CTA started
 inline constexpr int kDecodeWaited = 1;  // its PDL wait returned

@@ -164,6 +164,8 @@ __device__ __forceinline__ void produce(const AttnParams& p, uint8_t* smem, cons
       copy_rows_to_peer(sbase, peer, kb, e & ~7, tp & 31);
     }
     mbar_arrive(full_bar(sbase, kb));
+    if constexpr (kDiag)
+      if (s == 0) stamp(p, kDebugProducerFull, 256);
     load_quarter(p, r2, q, x);  // tile s + 2
     r2 = r3;
     r3 = r4;
@@ -342,6 +344,8 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, co
       cp_async_wait_group<0>();
       fence_proxy_async();  // Q came through cp.async, wgmma reads it
       bar_sync(kBarS, 128);
+      if constexpr (kDiag)
+        if (s == 0) stamp(p, kDebugQReady);
     }
     timed<kDiag>(p, t == 0, kDebugConsumerWait, [&] {
       mbar_wait(full_bar(sbase, kb), (s >> 1) & 1);  // the producer's rows (and the mask)
@@ -352,6 +356,8 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, co
         mbar_wait(remote_bar(sbase, kb), (s >> 1) & 1);
       }
     });
+    if constexpr (kDiag)
+      if (s == 0) stamp(p, kDebugFirstK);
 
     // ---- S = Q K^T, 64 heads x 64 entries ---------------------------------------
     float sc[32];
@@ -380,6 +386,8 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, co
 #pragma unroll
       for (int i = 0; i < 32; ++i) sc[i] += sd[i];
     }
+    if constexpr (kDiag)
+      if (s == 0) stamp(p, kDebugFirstS);
     if (unit_last && s + 1 < n) {  // Q is free: the next unit's
       load_q<kCluster>(p, smem, peer, w.u + 1);
       cp_async_commit();
@@ -437,13 +445,20 @@ __device__ __forceinline__ void consume_s(const AttnParams& p, uint8_t* smem, co
     fence_proxy_async();  // P is read by wgmma
     bar_sync(kBarS, 128);  // all of P is written (S's own P V reads it)
     named_arrive(kBarPReady, 256);
+    if constexpr (kDiag)
+      if (s == 0) stamp(p, kDebugFirstP);
 
     // (Left running into the next tile, this P V made ptxas serialize S's
     // wgmma: its accumulators and Q K^T's do not fit S's registers together.)
     issue_pv(acc, sbase, kb, 0, unit_first, alpha0, alpha1);
     wgmma_wait<0>();
     fence_regs(acc);
-    if (unit_last) finish_half(p, smem, acc, 0, kb, unit_end<kCluster>(p, w, peer, a, b, u0), m_run, l_row, kBarS);
+    if constexpr (kDiag)
+      if (s == 0) stamp(p, kDebugFirstPV);
+    if (unit_last) {
+      finish_half(p, smem, acc, 0, kb, unit_end<kCluster>(p, w, peer, a, b, u0), m_run, l_row, kBarS);
+      if constexpr (kDiag) stamp(p, kDebugFinish);
+    }
     release_buffer<kCluster>(sbase, peer, kb, lane);
   }
   cp_async_wait_group<0>();  // nothing may land in shared memory after we return
