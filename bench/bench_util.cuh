@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "common/hash.h"
@@ -29,6 +30,13 @@ inline constexpr double kPeakBf16 = 790e12;    // dense bf16 GEMM, measured
 
 // 32 well-mixed bits of x; constexpr, so device code calls it too.
 constexpr uint32_t mix32(uint64_t x) { return uint32_t(mix64(x)); }
+
+// The upper median of v (0 for none).
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 // Median microseconds per call. `record(stream)` issues `calls` calls, which
 // are captured into one graph so launch gaps do not count; the graph is
@@ -59,8 +67,7 @@ double graph_median_us(cudaStream_t s, int calls, int replays, Record&& record) 
   CHECK(cudaEventDestroy(e1));
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return median(std::move(us));
 }
 
 }  // namespace dsv4::bench

@@ -370,10 +370,7 @@ void wide_stamps(cudaStream_t s) {
   dsv4::cuda::set_compressor_wide_stamps(nullptr);  // each captured launch kept its own pointer
   std::vector<unsigned long long> h(per * size_t(launches));
   CHECK(cudaMemcpy(h.data(), buf, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
+  using dsv4::bench::median;
   std::printf("c128a entry, stamped: %.2f us a call (%d launches a graph)\n", us, launches);
   std::printf("| point | median of CTAs' median us | median of latest us |\n|---|---|---|\n");
   for (int pt = 0; pt < kWideStampCount; ++pt) {

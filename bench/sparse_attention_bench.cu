@@ -340,8 +340,7 @@ void diagnose(cudaStream_t s) {
       for (int c2 = 0; c2 < g; ++c2)
         if (at(c2, cu::kDebugStart) && at(c2, k))  // a CTA with work, and the step stamped
           v.push_back((double(at(c2, k)) - double(at(c2, cu::kDebugStart))) * 1e-3);
-      std::sort(v.begin(), v.end());
-      n += std::snprintf(line + n, sizeof line - size_t(n), " %.2f |", v.empty() ? 0.0 : v[v.size() / 2]);
+      n += std::snprintf(line + n, sizeof line - size_t(n), " %.2f |", dsv4::bench::median(std::move(v)));
     }
     firsts.push_back(line);
     free_problem(pr);
