@@ -111,6 +111,7 @@ struct SparseAttentionCuda::Impl {
     a.extra_cache = cache(p.extra_cache, p.extra);
     a.swa = cuda::ListView{p.swa.indices, p.swa.lengths, p.swa.width};
     a.extra = cuda::ListView{p.extra.indices, p.extra.lengths, p.extra.width};
+    a.late_trigger = int64_t(p.swa.width) + p.extra.width <= cuda::kDecodeMaxEntries;
     a.sink = p.attn_sink;
     a.scale_log2 = p.softmax_scale * 1.4426950408889634f;
     a.out = p.out;

@@ -81,6 +81,13 @@ struct AttnParams {
   // (step metadata; sparse_attention_cuda.h: ListsReady).
   bool swa_ready;
   bool extra_ready;
+  // The tile kernel's CTAs let the combine (and wo_a's CTAs, which stream
+  // weight stages before their wait) start only when they are done, not
+  // right after their wait: on short rows that stream delayed the tiles'
+  // record loads (8 x 4K 0.8-1.0% faster, 8 x 64K 0.5%: runs BD1, BD5); a
+  // long row's tiles (C128A at 1M) were 0.4% slower that way, so rows wider
+  // than kDecodeMaxEntries keep the early start.
+  bool late_trigger;
   // Diagnostics for the benchmark only (null in normal use): per CTA,
   // kDebugSlots zero-initialised entries (kDebug* below), in nanoseconds.
   unsigned long long* debug_clock;

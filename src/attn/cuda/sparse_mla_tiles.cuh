@@ -550,7 +550,7 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
   // Nothing above reads what an earlier kernel writes (pdl.cuh): the set-up
   // overlaps its tail.
   wait_for_prior_grids();
-  launch_dependents();
+  if (!p.late_trigger) launch_dependents();
   if constexpr (kDiag) stamp(p, kDebugStart);
   // Warp-uniform role (a shuffle from lane 0), so that the wgmma are not
   // treated as divergent.
@@ -565,6 +565,7 @@ __device__ __forceinline__ void attention_tiles(const AttnParams& p, uint8_t* sm
     set_regs<kRegsProducer>();
     produce<kCluster, kDiag>(p, smem, peer, a, b, first);
   }
+  if (p.late_trigger) launch_dependents();  // AttnParams::late_trigger
   if constexpr (kCluster > 1) cluster_sync();
 }
 
