@@ -15,7 +15,9 @@
 // partials each (large batches) or one unit with many (batch 1, long rows;
 // the plan caps the partials per unit at kMaxPartials). It is launched with programmatic
 // dependent launch right behind the attention kernel, so its CTAs are set up
-// and find their first item in the plan while that kernel runs; they wait
+// and find their first item in the plan while that kernel runs (on rows of
+// more than 1,024 entries; on shorter ones the attention kernel lets it start
+// only as its CTAs finish: AttnParams::late_trigger); they wait
 // for it (always: completing this grid must mean the attention kernel
 // completed too) and exit at once when the plan listed no split unit.
 #include "attn/cuda/sparse_mla_common.cuh"
