@@ -58,6 +58,7 @@
 #include <cuda_runtime.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_util.cuh"
 #include "cache/fp8_ds_mla.h"
 #include "common/error.h"
 #include "kernel_trace.h"
@@ -225,8 +226,7 @@ struct Bench {
     per_type = {};
     step(runs_at(k++), &per_type);  // a timed replay
     if (!trace_csv.empty()) traced_step(runs_at(k++));
-    std::sort(wall.begin(), wall.end());
-    const double t = wall[wall.size() / 2];
+    const double t = dsv4::bench::median(wall);
     const double bytes = weight_bytes() + batch * cache_bytes_per_token(config, engine->cache_spec(), context);
     const double roof = bytes / g_bandwidth;
     std::printf("| decode | %3d | %8lld | %8.3f | %9.2f | %8.3f | %5.2f | %7.3f %7.3f %7.3f | %9.1f |\n", batch,
@@ -280,10 +280,9 @@ struct Bench {
         const std::vector<dsv4::Run> runs = {{id, length + k, 1}};
         wall.push_back(!trace_csv.empty() && k == gen - 1 ? traced_step(runs) : step(runs, nullptr));
       }
-      std::sort(wall.begin(), wall.end());
-      std::printf("  then decode at %lld: %.3f ms per step (median of %d)\n", (long long)length,
-                  wall[wall.size() / 2] * 1e3, gen);
-      row["decode_step_ms"] = wall[wall.size() / 2] * 1e3;
+      const double t = dsv4::bench::median(wall);
+      std::printf("  then decode at %lld: %.3f ms per step (median of %d)\n", (long long)length, t * 1e3, gen);
+      row["decode_step_ms"] = t * 1e3;
     }
     rows.push_back(row);
     engine->close_request(id);
