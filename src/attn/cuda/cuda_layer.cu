@@ -137,11 +137,13 @@ LinearOptions cublas_from(LinearOptions o, int rows) {
 // row: 8.2 against 10.6 us) but made the batch-1 step slower (3.74-4.04
 // against 3.57 ms) until its weight copies took the L2 evict-first policy:
 // then 3.29-3.32 ms, and 3.38-3.54 at 2-4 rows (3.64-3.87 on the small-M
-// kernel). wo_a (FP8 weight x bf16 activation) takes it only at 16-32 rows:
-// there its steps were 2-4% faster; at 1-8 rows its decode into bf16
-// fragments makes it slower than the small-M kernel (batch 1: 3.40 against
-// 3.19 ms; docs/perf-notes.md, runs Y1-Y2). Options that set gemm_from
-// themselves keep theirs.
+// kernel). wo_a (FP8 weight x bf16 activation) takes it only at 16-64 rows:
+// there its steps were 2-4% faster (64 rows: 23.6 against cuBLASLt's 29.9
+// us); at 1-8 rows its decode into bf16 fragments makes it slower than the
+// small-M kernel (batch 1: 3.40 against 3.19 ms), and at 65-128 rows its
+// one-CTA tile loses to cuBLASLt (128 rows: 38.3 against 33.6 us; the
+// 128 x 64K step 2% slower) (docs/perf-notes.md, runs Y1-Y2, BF1-BF2).
+// Options that set gemm_from themselves keep theirs.
 LinearOptions gemm_rows(LinearOptions o, int max, int from = 1) {
   if (o.gemm_from == 0) o.gemm_from = from, o.gemm_max = max;
   return o;
@@ -175,7 +177,7 @@ CudaLayer::CudaLayer(const ModelConfig& config, const LayerWeights& w, IndexKeyF
       idx_ape_(w.indexer ? w.indexer->compressor.ape : std::vector<float>{}),
       idx_norm_(w.indexer ? w.indexer->compressor.norm : std::vector<float>{}) {
   require_fp8(w.wo_a);
-  if (!wo_a_per_group(config)) wo_a_.emplace_back(w.wo_a, config.o_groups, W8A16Options{gemm_rows(linear, 32, 16)});
+  if (!wo_a_per_group(config)) wo_a_.emplace_back(w.wo_a, config.o_groups, W8A16Options{gemm_rows(linear, 64, 16)});
   else
     for (int g = 0; g < config.o_groups; ++g)  // each slice is uploaded here; none is kept
       wo_a_.emplace_back(fp8_row_slice(w.wo_a, int64_t(g) * config.o_lora_rank, config.o_lora_rank), 1,

@@ -50,7 +50,7 @@
 // next layer's norm, by the CTAs that wrote the output, after a barrier
 // among them.
 //
-// wo_a (kW8A16: FP8 weight x bf16 activation, up to 32 rows) runs the same
+// wo_a (kW8A16: FP8 weight x bf16 activation) runs the same
 // ring with a bf16 activation tile and bf16 wgmmas whose A comes from
 // registers: each thread reads its weight rows 16 bytes at a time from the
 // stage and decodes them exactly into bf16 fragments (the small-M kernel's
@@ -59,10 +59,14 @@
 // inside a 128-k block is permuted; the MMA only needs A and B to agree, and
 // the activation's 4-byte pairs are copied into the permuted places
 // (w8a16_pair_offset). Each 128-k block is eight m64nNk16 wgmmas (two
-// alternating chains up to 16 tokens, one at 32), scaled by sw(kb) into the
-// running sums (bf16 products are exact and their sums fp32); the output
+// alternating chains up to 16 tokens, one from 32), scaled by sw(kb) into
+// the running sums (bf16 products are exact and their sums fp32); the output
 // tile can also be quantized to FP8 in the cluster's write (wo_b's input),
-// as the small-M kernel does.
+// as the small-M kernel does. Its 64- and 128-token tiles run one CTA an SM
+// (32 and 48 KB stages; 182 and 215 registers). Decoding block kb + 1 while
+// block kb's wgmmas run (two fragment sets, the scale folded into the
+// decode) made every tile slower, 8-32 tokens by 0.5-1.2 us
+// (docs/perf-notes.md, run BF2).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -80,16 +84,18 @@ static_assert(kGemvCtaRows == 128, "warpgroups of 64 weight rows");
 constexpr int kGemmMaxSplits = 8;                // a portable cluster
 
 // NT (8-64) tokens: two warpgroups (64 weight rows each) of NT tokens, two
-// CTAs per SM; 128 tokens: four warpgroups (64 rows x 64 tokens each), one CTA.
-// W: kFp8 (e4m3 activation, FP8 wgmma) or kW8A16 (bf16 activation, NT <= 32).
+// CTAs per SM; 128 FP8 tokens: four warpgroups (64 rows x 64 tokens each),
+// one CTA. W: kFp8 (e4m3 activation, FP8 wgmma) or kW8A16 (bf16 activation),
+// whose 64- and 128-token tiles are two warpgroups of NT tokens in one CTA
+// an SM: a stage of them is 32 or 48 KB, and each warpgroup decodes its
+// weight rows once for all its tokens.
 template <int NT, GemvWeight W = GemvWeight::kFp8>
 struct GemmTile {
   static constexpr bool kBf16X = W == GemvWeight::kW8A16;  // bf16 activation, A from registers
-  static_assert(W == GemvWeight::kFp8 || (kBf16X && NT <= 32), "the bf16-activation tiles: 8-32 tokens");
-  static constexpr int kTokenGroups = NT == 128 ? 2 : 1;  // warpgroups along the tokens
+  static constexpr int kTokenGroups = NT == 128 && !kBf16X ? 2 : 1;  // warpgroups along the tokens
   static constexpr int kThreads = 256 * kTokenGroups;
   static constexpr int kWgTokens = NT / kTokenGroups;     // the wgmma's N
-  static constexpr int kCtasPerSm = NT <= 64 ? 2 : 1;
+  static constexpr int kCtasPerSm = NT <= (kBf16X ? 32 : 64) ? 2 : 1;
   static constexpr int kRingBudget = kCtasPerSm == 2 ? 98304 : 196608;
   static constexpr int kBBytes = NT * 128 * (kBf16X ? 2 : 1);  // NT tokens of one 128-k block
   static constexpr int kXScales = kBf16X ? 0 : NT;  // activation scales per stage
@@ -407,11 +413,8 @@ void gemm_launch_kind(const GemvArgs& a, cudaStream_t stream) {
     case 8: gemm_launch_nt<8, W>(a, stream); break;
     case 16: gemm_launch_nt<16, W>(a, stream); break;
     case 32: gemm_launch_nt<32, W>(a, stream); break;
-    default:
-      if constexpr (W == GemvWeight::kFp8) {
-        if (a.m <= 64) gemm_launch_nt<64, W>(a, stream);
-        else gemm_launch_nt<128, W>(a, stream);
-      }
+    case 64: gemm_launch_nt<64, W>(a, stream); break;
+    default: gemm_launch_nt<128, W>(a, stream);
   }
 }
 
@@ -419,14 +422,13 @@ void gemm_launch_kind(const GemvArgs& a, cudaStream_t stream) {
 
 int gemm_tile_rows(int m) { return 8 << tile_index(m); }
 
-int gemm_max_rows(GemvWeight kind) { return kind == GemvWeight::kW8A16 ? kGemmW8A16MaxRows : kGemmMaxRows; }
-
 // The most splits (1, 2, 4 or 8: one cluster) dividing the k blocks that
 // keep the grid in one wave (every row block's cluster resident at once)
 // and leave each CTA at least 4 k blocks to pipeline. FP8 x bf16 tiles
-// instead take as many CTAs as two per SM hold, resident clusters or not:
-// their decode and dependent wgmmas make one CTA's k blocks slow, and a
-// second CTA on the SM hides them (docs/perf-notes.md, runs Y1-Y2).
+// instead take as many CTAs as their SMs hold (two an SM up to 32 tokens,
+// one from 64), resident clusters or not: their decode and dependent wgmmas
+// make one CTA's k blocks slow, and a second CTA on the SM hides them
+// (docs/perf-notes.md, runs Y1-Y2).
 //
 // FP8 decode rows (up to kGemmGlobalSumRows) take the split that fills two
 // CTAs an SM where resident clusters allow fewer, summed through the
@@ -441,10 +443,11 @@ GemmSplit gemm_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int f
   gemv_prepare();  // fills g_max_clusters
   const int* clusters = g_max_clusters[tile_index(m)];
   const bool fp8 = kind == GemvWeight::kFp8;
+  const int per_sm = fp8 || m <= 32 ? 2 : 1;  // the FP8 x bf16 tiles' CTAs an SM (GemmTile::kCtasPerSm)
   int s = 1, g = 1;  // in a cluster; filling two CTAs an SM
   for (int i = 1, d = 2; d <= kGemmMaxSplits; ++i, d *= 2) {
     if (kb % d != 0 || kb / d < 4) continue;
-    const bool fills_two = nrb * d <= 2 * device_sm_count();
+    const bool fills_two = nrb * d <= per_sm * device_sm_count();
     if (fills_two) g = d;
     if (fp8 ? nrb <= clusters[i] : fills_two) s = d;
   }
@@ -469,16 +472,18 @@ cudaError_t gemm_configure() {
   if (e == cudaSuccess) e = gemm_configure_nt<8, H>();
   if (e == cudaSuccess) e = gemm_configure_nt<16, H>();
   if (e == cudaSuccess) e = gemm_configure_nt<32, H>();
+  if (e == cudaSuccess) e = gemm_configure_nt<64, H>();
+  if (e == cudaSuccess) e = gemm_configure_nt<128, H>();
   return e;
 }
 
 void gemm_launch(const GemvArgs& a, CUstream_st* stream) {
   gemv_prepare();  // configures this kernel too
   const bool fp8 = a.kind == GemvWeight::kFp8;
-  DSV4_REQUIRE((fp8 || a.kind == GemvWeight::kW8A16) && !a.y_f32 && a.m >= 1 && a.m <= gemm_max_rows(a.kind) &&
+  DSV4_REQUIRE((fp8 || a.kind == GemvWeight::kW8A16) && !a.y_f32 && a.m >= 1 && a.m <= kGemmMaxRows &&
                    a.splits >= 1 && a.splits <= kGemmMaxSplits && (a.k / 128) % a.splits == 0,
-               "linear (cuda): the wgmma GEMM takes FP8 products of 1-128 rows and FP8 x bf16 ones of 1-32 to "
-               "bf16, split 1-8 ways");
+               "linear (cuda): the wgmma GEMM takes FP8 and FP8 x bf16 products of 1-128 rows to bf16, split 1-8 "
+               "ways");
   DSV4_REQUIRE(!a.quantize || (!fp8 && a.n % kGemvCtaRows == 0),
                "linear (cuda): the wgmma GEMM quantizes only FP8 x bf16 outputs of whole 128-column blocks");
   DSV4_REQUIRE(a.q_head.counters == nullptr || (fp8 && a.m <= kGemvQHeadRows && a.n % 512 == 0),

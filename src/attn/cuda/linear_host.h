@@ -72,7 +72,7 @@ bool wants_gemm(const LinearOptions& opt, int m);
 // with its own split of k; records them in route.
 void run_gemv(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream, LinearRoute& route);
 // Runs the wgmma GEMM over rows [0, m) of `a` in launches of up to
-// gemm_max_rows(a.kind) rows, each with its own split of k; records them in route.
+// kGemmMaxRows rows, each with its own split of k; records them in route.
 // Split-K sums stay in the cluster's shared memory, or (global_sum) use ws's
 // partials and counters, which gemv_needs sizes.
 void run_gemm(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream, LinearRoute& route);

@@ -118,11 +118,9 @@ bool gemv_launch(const GemvArgs& a, CUstream_st* stream);
 // The wgmma GEMM (linear_gemm.cu): the same arguments (kind kFp8, bf16 y,
 // no quantize, a q-head tail only up to kGemvQHeadRows rows; or kind kW8A16,
 // bf16 y and optionally its quantization, no tail; partials and counters
-// only with global_sum), 1 .. gemm_max_rows(kind) activation rows per launch.
+// only with global_sum), 1 .. kGemmMaxRows activation rows per launch.
 inline constexpr int kGemmMaxRows = 128;
-inline constexpr int kGemmW8A16MaxRows = 32;
 inline constexpr int kGemmGlobalSumRows = 8;  // FP8 launches of up to this many rows may take global_sum
-int gemm_max_rows(GemvWeight kind);
 // Tokens per wgmma tile: 8, 16, 32, 64 or 128 (>= m).
 int gemm_tile_rows(int m);
 // Split of k: 1, 2, 4 or 8 CTAs, summed in a cluster (as many as keep one
@@ -138,7 +136,7 @@ GemmSplit gemm_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int f
 // Clusters of `splits` CTAs (1, 2, 4 or 8) of the FP8 tile for m rows that
 // the current device holds resident at once: what the choice above weighs.
 int gemm_resident_clusters(int m, int splits);
-// Launches one GEMM (m <= gemm_max_rows(a.kind)); throws Error on a launch error.
+// Launches one GEMM (m <= kGemmMaxRows); throws Error on a launch error.
 void gemm_launch(const GemvArgs& a, CUstream_st* stream);
 
 // bf16 [rows, cols] (row stride ldx elements) -> out (rows, cols from out).

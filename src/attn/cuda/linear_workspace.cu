@@ -168,9 +168,8 @@ void run_gemv(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream,
 }
 
 void run_gemm(GemvArgs a, int m, const LinearWorkspace& ws, CUstream_st* stream, LinearRoute& route) {
-  const int rows = gemm_max_rows(a.kind);
-  for (int r0 = 0; r0 < m; r0 += rows) {
-    GemvArgs c = row_slice(a, r0, std::min(rows, m - r0));
+  for (int r0 = 0; r0 < m; r0 += kGemmMaxRows) {
+    GemvArgs c = row_slice(a, r0, std::min(kGemmMaxRows, m - r0));
     const GemmSplit split = gemm_choose_splits(a.kind, a.n, a.k, c.m, a.forced_splits);
     c.splits = split.splits;
     c.global_sum = split.global_sum;

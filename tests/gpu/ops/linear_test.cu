@@ -686,11 +686,13 @@ void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, 
   const WeightMatrix wm = random_fp8("wo_a", groups * n_g, k_g, rng);
   W8A16GroupedLinear gpu(wm, groups);
   const int max_m = *std::max_element(ms.begin(), ms.end());
-  W8A16Options fp8_opts;
+  W8A16Options split_opts;
+  split_opts.splits = splits;  // a forced split can need more partials than the automatic one
+  W8A16Options fp8_opts = split_opts;
   fp8_opts.fp8_input = true;
   gpu.set_options(fp8_opts);
   const cuda::LinearNeeds fp8_needs = gpu.needs(max_m);  // the FP8 GEMM needs no more
-  gpu.set_options({});
+  gpu.set_options(split_opts);
   LinearWorkspace ws({gpu.needs(max_m), fp8_needs});
   std::vector<Linear> cpu_bf16, cpu_fp8;
   for (int g = 0; g < groups; ++g) {
@@ -988,14 +990,16 @@ TEST_F(LinearCudaTest, SmallPresetShapes) {
 // forced the same): 16 k blocks a group, so 1, 2, 4 and 8 splits all apply.
 TEST_F(LinearCudaTest, W8A16EverySplitOfK) {
   for (int splits : {1, 2, 4, 8})
-    check_w8a16("wo_a 2x[256,2048]", 2, 256, 2048, {1, 5, 8, 16, 32}, 34 + uint64_t(splits), splits);
+    check_w8a16("wo_a 2x[256,2048]", 2, 256, 2048, {1, 5, 8, 16, 32, 64, 100}, 34 + uint64_t(splits), splits);
 }
 
 // The FP8 x bf16 GEMM alone (no cuBLASLt call in the process: racecheck
 // stops on one of cuBLASLt's kernels, docs/perf-notes.md run Y3), split 2.
-TEST_F(LinearCudaTest, W8A16GemmAlone) { check_w8a16("wo_a 2x[256,2048]", 2, 256, 2048, {1, 16, 32}, 40, 2, true); }
+TEST_F(LinearCudaTest, W8A16GemmAlone) {
+  check_w8a16("wo_a 2x[256,2048]", 2, 256, 2048, {1, 16, 32, 64, 128}, 40, 2, true);
+}
 
-TEST_F(LinearCudaTest, W8A16FlashShape) { check_w8a16("wo_a 8x[1024,4096]", 8, 1024, 4096, {1, 8, 64, 512}, 33); }
+TEST_F(LinearCudaTest, W8A16FlashShape) { check_w8a16("wo_a 8x[1024,4096]", 8, 1024, 4096, {1, 8, 64, 128, 512}, 33); }
 
 // ---- bf16 stack, fp32 output -------------------------------------------------------
 
