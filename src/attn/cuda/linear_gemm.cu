@@ -88,7 +88,9 @@ constexpr int kGemmMaxSplits = 8;                // a portable cluster
 // one CTA. W: kFp8 (e4m3 activation, FP8 wgmma) or kW8A16 (bf16 activation),
 // whose 64- and 128-token tiles are two warpgroups of NT tokens in one CTA
 // an SM: a stage of them is 32 or 48 KB, and each warpgroup decodes its
-// weight rows once for all its tokens.
+// weight rows once for all its tokens. (Four warpgroups of 64 tokens, as the
+// FP8 tile, decode every weight twice and spill at 128 registers: 60 against
+// 38 us for wo_a at 128 rows, docs/perf-notes.md run BF5.)
 template <int NT, GemvWeight W = GemvWeight::kFp8>
 struct GemmTile {
   static constexpr bool kBf16X = W == GemvWeight::kW8A16;  // bf16 activation, A from registers
