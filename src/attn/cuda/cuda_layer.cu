@@ -140,9 +140,11 @@ LinearOptions cublas_from(LinearOptions o, int rows) {
 // kernel). wo_a (FP8 weight x bf16 activation) takes it only at 16-64 rows:
 // there its steps were 2-4% faster (64 rows: 23.6 against cuBLASLt's 29.9
 // us); at 1-8 rows its decode into bf16 fragments makes it slower than the
-// small-M kernel (batch 1: 3.40 against 3.19 ms), and at 65-128 rows its
-// one-CTA tile loses to cuBLASLt (128 rows: 38.3 against 33.6 us; the
-// 128 x 64K step 2% slower) (docs/perf-notes.md, runs Y1-Y2, BF1-BF2).
+// small-M kernel (batch 1: 3.40 against 3.19 ms), and at 128 rows its
+// one-CTA tile is still behind cuBLASLt (33.2 against 32.7 us; the 128-row
+// steps 0.9-1.2% slower with it). At 96 rows it was faster alone (29.5
+// against 30.9 us), not yet measured in a step (docs/perf-notes.md, runs
+// Y1-Y2, BF1-BF2, BG4).
 // Options that set gemm_from themselves keep theirs.
 LinearOptions gemm_rows(LinearOptions o, int max, int from = 1) {
   if (o.gemm_from == 0) o.gemm_from = from, o.gemm_max = max;

@@ -63,10 +63,14 @@
 // the running sums (bf16 products are exact and their sums fp32); the output
 // tile can also be quantized to FP8 in the cluster's write (wo_b's input),
 // as the small-M kernel does. Its 64- and 128-token tiles run one CTA an SM
-// (32 and 48 KB stages; 182 and 215 registers). Decoding block kb + 1 while
+// (32 and 48 KB stages; 154 and 208 registers). Decoding block kb + 1 while
 // block kb's wgmmas run (two fragment sets, the scale folded into the
 // decode) made every tile slower, 8-32 tokens by 0.5-1.2 us
-// (docs/perf-notes.md, run BF2).
+// (docs/perf-notes.md, run BF2). The pairs' copy addresses are set up once a
+// thread and walked (x_even, x_odd, x_row0): recomputed for each copy, they
+// took over half of the 128-token tile's instructions. Walked, wo_a at 64,
+// 96 and 128 rows took 22.2, 29.5 and 33.2 us against 23.5, 36.8 and 38.1
+// (H100, docs/perf-notes.md runs BG1-BG4).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -119,6 +123,7 @@ struct GemmTile {
   // kW8A16: 4-byte activation pairs per thread and stage (64 a token row).
   static constexpr int kPairCopies = kBf16X ? NT * 64 / kThreads : 0;
   static_assert(kPairCopies * kThreads == (kBf16X ? NT * 64 : 0), "whole token rows per pass");
+  static_assert(!kBf16X || kThreads == 256, "a pass covers 4 token rows (the kernel's x_even / x_odd)");
   static_assert(!kTails || (kThreads == kQHeadThreads && sizeof(QHeadSmem) <= kStages * kStageBytes &&
                             kResidualTailSmem <= kStages * kStageBytes));
 };
@@ -215,7 +220,7 @@ __global__ void __launch_bounds__(GemmTile<NT, W>::kThreads, GemmTile<NT, W>::kC
   // Thread tid copies 16-byte chunk cc of rows cr + R j (weight: j < 128 / R;
   // FP8 tokens: j < NT / R, or rows cr < 16 for NT = 16), swizzled: chunk c
   // of row r lands at chunk c ^ (r % 8). bf16 tokens: pair pp = tid % 64 of
-  // rows tid / 64 + (kThreads / 64) j (w8a16_pair_offset). Rows past n or m
+  // rows tid / 64 + 4 j (w8a16_pair_offset). Rows past n or m
   // read nothing and land as zeros; their sources stay at a valid row.
   // Everything but the k offset is fixed per thread.
   constexpr int kWeightCopies = kGemvCtaRows / R, kTokenCopies = NT >= R ? NT / R : 1;
@@ -234,6 +239,20 @@ __global__ void __launch_bounds__(GemmTile<NT, W>::kThreads, GemmTile<NT, W>::kC
   const float* xscale = Tile::kBf16X ? nullptr : a.x_scales + (xcol0 / 128) * a.x_scale_ld + (tid < a.m ? tid : 0);
   const float* wscale = a.w_scales + int64_t(blockIdx.y) * a.w_scale_ld + kcol0 / 128;
 
+  // kW8A16: this thread's pair pp of token rows n0 + 4 j (j < kPairCopies).
+  // Row n0 + 4 j lands at x_even + 512 j for even j and at x_odd + 512 j for
+  // odd j (w8a16_pair_offset: n % 8 is n0 or n0 + 4), and its source walks
+  // from row n0 by 4 rows a copy, staying at the last row below m. Written
+  // out so because the compiler recomputed each copy's row product and
+  // swizzle every stage: about 14 instructions a 4-byte copy, over half of
+  // the 128-token tile's instructions (docs/perf-notes.md, runs BG1-BG4).
+  const int pp = tid & 63, n0 = tid >> 6;
+  const uint32_t x_even = kATileBytes + w8a16_pair_offset<NT>(n0, pp);
+  const uint32_t x_odd = kATileBytes + w8a16_pair_offset<NT>(n0 + 4, pp) - 512;
+  const int x_rows = a.m > n0 ? (a.m - n0 + 3) / 4 : 0;  // copies j < x_rows read a row
+  const uint16_t* x_row0 = static_cast<const uint16_t*>(a.x) + xcol0 + 2 * pp + (n0 < a.m ? n0 : 0) * a.ldx;
+  const int64_t x_step = 4 * a.ldx;
+
   const uint64_t policy = l2_evict_first_policy();
   auto issue_weight = [&](int kb, uint32_t slot) {
     const uint8_t* src = wsrc + 128 * kb;
@@ -246,14 +265,16 @@ __global__ void __launch_bounds__(GemmTile<NT, W>::kThreads, GemmTile<NT, W>::kC
   };
   auto issue_tokens = [&](int kb, uint32_t slot) {
     if constexpr (Tile::kBf16X) {
-      constexpr int kRowStep = Tile::kThreads / 64;
-      const int pp = tid & 63, n0 = tid >> 6;
-      const uint16_t* src = static_cast<const uint16_t*>(a.x) + xcol0 + 2 * pp + 128 * kb;
+      const uint16_t* src = x_row0 + 128 * kb;
+      const uint32_t even = slot + x_even, odd = slot + x_odd;
+      int rows = x_rows;
+      // Opaque to the compiler, so that each copy's test is made here: hoisted
+      // out of the loop, the 128-token tile's 32 tests spilled.
+      asm volatile("" : "+r"(rows));
 #pragma unroll
       for (int j = 0; j < Tile::kPairCopies; ++j) {
-        const int n = n0 + kRowStep * j;
-        const bool ok = n < a.m;
-        cp_async_4(slot + kATileBytes + w8a16_pair_offset<NT>(n, pp), src + (ok ? n : 0) * a.ldx, ok ? 4 : 0);
+        cp_async_4((j & 1 ? odd : even) + 512 * j, src, j < rows ? 4 : 0);
+        if (j + 1 < rows) src += x_step;
       }
     } else {
       const uint8_t* src = xsrc + 128 * kb;
@@ -285,6 +306,12 @@ __global__ void __launch_bounds__(GemmTile<NT, W>::kThreads, GemmTile<NT, W>::kC
 #pragma unroll
   for (int i = 0; i < Tile::kAcc; ++i) acc[i] = 0.0f;
   int slot_kb = 0, slot_next = D - 1;  // slots of stages kb and kb + D - 1
+  // kW8A16: this thread's weight destination in slot slot_next, advanced with
+  // it. Kept per thread on purpose: with the slot's address a uniform value
+  // beside the thread's offset, ptxas (CUDA 13.0) issued the weight copies as
+  // LDGSTS [R+UR] with the L2 policy, and they faulted as illegal
+  // instructions (docs/perf-notes.md, run BG3).
+  uint32_t w_next = ring + uint32_t(D - 1) * Tile::kStageBytes + dst;
   for (int kb = 0; kb < kbc; ++kb) {
     cp_async_wait_group<D - 2>();  // this thread's copies of stage kb have landed
     fence_proxy_async();
@@ -313,7 +340,7 @@ __global__ void __launch_bounds__(GemmTile<NT, W>::kThreads, GemmTile<NT, W>::kC
     }
     wgmma_commit();
     if (kb + D - 1 < kbc) {  // into stage kb - 1's slot while the MMAs run
-      const uint32_t next = ring + uint32_t(slot_next) * Tile::kStageBytes;
+      const uint32_t next = Tile::kBf16X ? w_next - dst : ring + uint32_t(slot_next) * Tile::kStageBytes;
       issue_weight(kb + D - 1, next);
       issue_tokens(kb + D - 1, next);
     }
@@ -339,6 +366,7 @@ __global__ void __launch_bounds__(GemmTile<NT, W>::kThreads, GemmTile<NT, W>::kC
       }
     }
     slot_kb = slot_kb + 1 == D ? 0 : slot_kb + 1;
+    w_next = slot_next + 1 == D ? w_next - uint32_t(D - 1) * Tile::kStageBytes : w_next + Tile::kStageBytes;
     slot_next = slot_next + 1 == D ? 0 : slot_next + 1;
   }
 
