@@ -473,10 +473,12 @@ GemmSplit gemm_choose_splits(GemvWeight kind, int64_t n, int64_t k, int m, int f
   gemv_prepare();  // fills g_max_clusters
   const int* clusters = g_max_clusters[tile_index(m)];
   const bool fp8 = kind == GemvWeight::kFp8;
-  const int per_sm = fp8 || m <= 32 ? 2 : 1;  // the FP8 x bf16 tiles' CTAs an SM (GemmTile::kCtasPerSm)
-  static_assert(GemmTile<32, GemvWeight::kW8A16>::kCtasPerSm == 2 && GemmTile<64, GemvWeight::kW8A16>::kCtasPerSm == 1 &&
-                    GemmTile<128, GemvWeight::kW8A16>::kCtasPerSm == 1,
-                "per_sm above must follow GemmTile's FP8 x bf16 tiles");
+  // The FP8 x bf16 tile's CTAs an SM ([tile 8..128]); FP8 tiles count two.
+  constexpr int kW8A16CtasPerSm[5] = {
+      GemmTile<8, GemvWeight::kW8A16>::kCtasPerSm, GemmTile<16, GemvWeight::kW8A16>::kCtasPerSm,
+      GemmTile<32, GemvWeight::kW8A16>::kCtasPerSm, GemmTile<64, GemvWeight::kW8A16>::kCtasPerSm,
+      GemmTile<128, GemvWeight::kW8A16>::kCtasPerSm};
+  const int per_sm = fp8 ? 2 : kW8A16CtasPerSm[tile_index(m)];
   int s = 1, g = 1;  // in a cluster; filling two CTAs an SM
   for (int i = 1, d = 2; d <= kGemmMaxSplits; ++i, d *= 2) {
     if (kb % d != 0 || kb / d < 4) continue;
