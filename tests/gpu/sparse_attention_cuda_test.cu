@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -470,6 +471,45 @@ TEST_F(SparseAttentionCudaTest, PlanSlotsAreIndependent) {
     const CompareStats st = compare(reference(c->params()), out, lse, 5, 64);
     EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
   }
+}
+
+// Padded tokens (plan's real_tokens, a device int): on the tile kernel they
+// get no work and their rows of out and lse keep the poison; the real rows
+// are the reference's, whatever the count (none, some, all, past the call).
+// The decode kernel writes every row regardless.
+TEST_F(SparseAttentionCudaTest, PaddedTokensAreNotWrittenOnTheTileKernel) {
+  int32_t* real = nullptr;
+  DSV4_CUDA_OK(cudaMalloc(&real, sizeof(int32_t)));
+  auto check = [&](const CaseSpec& spec, Path path, int r, int written) {
+    SCOPED_TRACE(std::string(path_name(path)) + ", real tokens " + std::to_string(r));
+    const HostCase hc = make_case(spec);
+    DeviceCase dc(hc);
+    SparseAttentionCuda attn(limits_for(spec.tokens, path));
+    ASSERT_EQ(attn.decode_splits(dc.p) > 0, is_decode(path));
+    DSV4_CUDA_OK(cudaMemcpy(real, &r, sizeof r, cudaMemcpyHostToDevice));
+    dc.poison();
+    attn.plan(dc.p, nullptr, 0, real);
+    attn.run(dc.p, nullptr);
+    DSV4_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(dc.guards_intact());
+    std::vector<uint16_t> out;
+    std::vector<float> lse;
+    dc.download(out, lse);
+    const CompareStats st = compare(reference(hc.params()), out, lse, written, spec.heads);
+    EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
+    size_t touched = 0;
+    for (size_t i = size_t(written) * spec.heads * kKvDim; i < out.size(); ++i) touched += out[i] != 0xFFFF;
+    for (size_t i = size_t(written) * spec.heads; i < lse.size(); ++i) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &lse[i], 4);
+      touched += bits != 0xFFFFFFFFu;
+    }
+    EXPECT_EQ(touched, 0u) << "padded rows written";
+  };
+  const CaseSpec tiles{.tokens = 40, .heads = 64, .extra_width = 512, .extra_page = 64, .seed = 61};
+  for (const int r : {29, 0, 1, 40, 57}) check(tiles, Path::kTiles, r, std::min(r, 40));
+  check({.tokens = 4, .heads = 64, .extra_width = 512, .extra_page = 2, .seed = 62}, Path::kDecode, 2, 4);
+  cudaFree(real);
 }
 
 // e4m3 0x7f is NaN; the CPU decode gives NaN, so must the GPU. Only the

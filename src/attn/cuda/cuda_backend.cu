@@ -346,7 +346,10 @@ class CudaBackend final : public AttentionBackend {
     for (int t = 0; t < kNumLayerTypes; ++t) {
       if (first_layer_[t] < 0) continue;
       const cuda::CudaLayer& first = *layers_[size_t(first_layer_[t])];
-      attention_->plan(first.attention_params(bufs_), stream_, t);
+      // Padded rows get no attention work: their rows of o keep a defined
+      // earlier value (zeros, or a past step's output), which the output
+      // linears read and nothing uses.
+      attention_->plan(first.attention_params(bufs_), stream_, t, bufs_.real_tokens);
       first.output_rope_table(bufs_);
     }
     if (indexer_)

@@ -199,7 +199,8 @@ const SparseAttentionCudaLimits& SparseAttentionCuda::limits() const { return im
 int SparseAttentionCuda::grid_size() const { return impl_->grid; }
 size_t SparseAttentionCuda::workspace_bytes() const { return impl_->bytes; }
 
-void SparseAttentionCuda::plan(const SparseAttentionParams& p, CUstream_st* stream, int slot) {
+void SparseAttentionCuda::plan(const SparseAttentionParams& p, CUstream_st* stream, int slot,
+                               const int32_t* real_tokens) {
   DSV4_REQUIRE(slot >= 0 && slot < int(impl_->plans.size()), "sparse attention (cuda): no plan slot " + std::to_string(slot));
   check_sparse_attention_cuda_params(p, impl_->limits);
   Impl::PlanSlot& s = impl_->plans[slot];
@@ -210,7 +211,11 @@ void SparseAttentionCuda::plan(const SparseAttentionParams& p, CUstream_st* stre
   s.extra_width = p.extra.width;
   s.cluster = impl_->cluster_for(p.num_heads);
   if (p.num_tokens == 0) return;
-  cuda::launch_plan(impl_->params(p, s), stream);
+  cuda::AttnParams a = impl_->params(p, s);
+  // The decode kernel reads every token's unit record, so its calls plan
+  // the padded tokens too (as empty rows).
+  a.real_tokens = decode_splits(p) > 0 ? nullptr : real_tokens;
+  cuda::launch_plan(a, stream);
   cuda_check(cudaGetLastError(), "plan kernel launch");
 }
 

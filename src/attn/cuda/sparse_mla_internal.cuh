@@ -76,6 +76,9 @@ struct AttnParams {
   float* partial_o;         // [grid][2][64][512] unnormalised fp32 outputs (CTA c: slot c / cluster, head block c % cluster of the unit)
   float2* partial_ml;       // [grid][2][64] {running max (log2 units), sum of exp2}
   int grid;                 // CTAs of the attention kernel: work slots * cluster
+  // The plan kernel only: tokens at and past *real_tokens (a device int;
+  // null: none) are padding and get no units (SparseAttentionCuda::plan).
+  const int32_t* real_tokens;
   // The decode kernel may read these lists' indices (not their records)
   // before its PDL wait: they were written before the step's plan kernel
   // (step metadata; sparse_attention_cuda.h: ListsReady).

@@ -53,7 +53,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
   __shared__ int s_makespan, s_splits, s_longest, s_cut, s_parts;
   __shared__ int load[kMaxGrid];  // tiles per slot with whole units
   const int tid = threadIdx.x;
-  const int units = p.num_tokens * p.plan_head_blocks, slots = p.grid / p.cluster;
+  // Padding (past *real_tokens) gets no units: its rows are not written.
+  const int real = p.real_tokens ? min(max(*p.real_tokens, 0), p.num_tokens) : p.num_tokens;
+  const int units = real * p.plan_head_blocks, slots = p.grid / p.cluster;
   const int chunk = (units + kPlanThreads - 1) / kPlanThreads;
   const int u_begin = min(units, tid * chunk), u_end = min(units, u_begin + chunk);
   for (int c = tid; c < slots; c += kPlanThreads) load[c] = 0;
