@@ -89,12 +89,12 @@ class SparseAttentionCuda {
 
   // real_tokens (optional, a DEVICE int, read by the plan kernel): tokens
   // at and past *real_tokens are padding (a decode step padded to its
-  // graph's size). On the tile kernel they get no work, and their rows of out
-  // and lse are left as they were. Planned as empty rows, their units (one
-  // tile each, with its query load and output writes) went 6-7 to each of
-  // the last CTAs by the plan's rule: 96 requests in a step of 128 took 5%
-  // longer a step than without them (docs/perf-notes.md, BH6-BH8). The decode kernel (calls of few
-  // tokens) writes every row anyway.
+  // graph's size). On the tile kernel they get no work, and their rows of
+  // out and lse are left as they were. Planned as empty rows, their units
+  // (one tile each, with its query load and output writes) went 6-7 to each
+  // of the last CTAs by the plan's rule: 96 requests in a step of 128 took
+  // 5% longer a step than without them (docs/perf-notes.md, BH6-BH8). The
+  // decode kernel (calls of few tokens) writes every row anyway.
   void plan(const SparseAttentionParams& p, CUstream_st* stream, int slot = 0, const int32_t* real_tokens = nullptr);
   void run(const SparseAttentionParams& p, CUstream_st* stream, int slot = 0, const OutputRope& out_rope = {},
            ListsReady ready = {});
