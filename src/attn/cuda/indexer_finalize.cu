@@ -28,6 +28,7 @@
 #include "attn/cuda/indexer_topk.cuh"
 #include "attn/cuda/pdl.cuh"
 #include "attn/cuda/ptx.cuh"
+#include "attn/cuda/step_rows.cuh"
 
 namespace dsv4::cuda::ix {
 namespace {
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(kFinalizeThreads, kMinBlocks) finalize_kernel(
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, k = p.topk;
   const int ctas = int(gridDim.y), cta = int(blockIdx.y);  // this token's CTAs (the rank path when > 1)
   // The plan, before the wait (the plan kernel lets nothing start before it ends).
-  const int real = p.real_tokens ? min(max(*p.real_tokens, 0), p.num_tokens) : p.num_tokens;
+  const int real = real_rows(p);
   const TokenRef ref = t < real ? ws.tokens[t] : TokenRef{-1, 0};
   Group gr{};
   if (ref.group >= 0) gr = ws.groups[ref.group];

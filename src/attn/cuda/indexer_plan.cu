@@ -24,6 +24,7 @@
 #include "attn/cuda/block_scan.cuh"
 #include "attn/cuda/indexer_select_internal.cuh"
 #include "attn/cuda/pdl.cuh"
+#include "attn/cuda/step_rows.cuh"
 
 namespace dsv4::cuda::ix {
 namespace {
@@ -43,7 +44,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const SelectArgs a) 
   const IndexerSelectParams& p = a.p;
   const Workspace& ws = a.ws;
   const int T = p.num_tokens;
-  const int real = p.real_tokens ? min(max(*p.real_tokens, 0), T) : T;
+  const int real = real_rows(p);
   const int per = (T + kPlanThreads - 1) / kPlanThreads;
   const int t0 = min(T, int(threadIdx.x) * per), t1 = min(T, t0 + per);
 

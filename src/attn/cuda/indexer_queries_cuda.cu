@@ -11,6 +11,7 @@
 #include "attn/cuda/fused_common.cuh"
 #include "attn/cuda/hadamard.cuh"
 #include "attn/cuda/pdl.cuh"
+#include "attn/cuda/step_rows.cuh"
 #include "attn/cuda/warp.cuh"
 #include "common/error.h"
 #include "numerics/quant.h"
@@ -26,7 +27,7 @@ __global__ void __launch_bounds__(kThreads) queries_kernel(const IndexerQueryPar
   // The step metadata (real count, positions) and the RoPE factors before
   // the wait (pdl.cuh): they overlap the projection's tail.
   const int t = blockIdx.x;
-  const int real = p.real_tokens ? min(max(*p.real_tokens, 0), p.num_tokens) : p.num_tokens;
+  const int real = cuda::real_rows(p);
   __shared__ float2 cs_s[32];
   if (t < real && threadIdx.x < 32) cs_s[threadIdx.x] = cuda::rope_cos_sin(p.positions[t], p.rope.inv_freq[threadIdx.x]);
   cuda::pdl_start();  // pdl.cuh: launched with pdl_launch

@@ -19,6 +19,7 @@
 #include "attn/cuda/block_scan.cuh"
 #include "attn/cuda/pdl.cuh"
 #include "attn/cuda/sparse_mla_internal.cuh"
+#include "attn/cuda/step_rows.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -54,7 +55,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
   __shared__ int load[kMaxGrid];  // tiles per slot with whole units
   const int tid = threadIdx.x;
   // Padding (past *real_tokens) gets no units: its rows are not written.
-  const int real = p.real_tokens ? min(max(*p.real_tokens, 0), p.num_tokens) : p.num_tokens;
+  const int real = real_rows(p);
   const int units = real * p.plan_head_blocks, slots = p.grid / p.cluster;
   const int chunk = (units + kPlanThreads - 1) / kPlanThreads;
   const int u_begin = min(units, tid * chunk), u_end = min(units, u_begin + chunk);
