@@ -143,8 +143,9 @@ LinearOptions cublas_from(LinearOptions o, int rows) {
 // small-M kernel (batch 1: 3.40 against 3.19 ms), and at 128 rows its
 // one-CTA tile is still behind cuBLASLt (33.2 against 32.7 us; the 128-row
 // steps 0.9-1.2% slower with it). At 96 rows it was faster alone (29.5
-// against 30.9 us), not yet measured in a step (docs/perf-notes.md, runs
-// Y1-Y2, BF1-BF2, BG4).
+// against 30.9 us), but the 96-row step was level with it (within 0.7%),
+// so it is not routed there (docs/perf-notes.md, runs Y1-Y2, BF1-BF2, BG4,
+// BH2).
 // Options that set gemm_from themselves keep theirs.
 LinearOptions gemm_rows(LinearOptions o, int max, int from = 1) {
   if (o.gemm_from == 0) o.gemm_from = from, o.gemm_max = max;
