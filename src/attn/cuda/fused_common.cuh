@@ -45,8 +45,8 @@ __device__ __forceinline__ void load_bf16x4(const uint16_t* src, float (&v)[4]) 
 
 __device__ __forceinline__ void store_bf16x4(uint16_t* dst, const float (&v)[4]) {
   uint2 w;
-  w.x = uint32_t(bf16_store(v[0])) | (uint32_t(bf16_store(v[1])) << 16);
-  w.y = uint32_t(bf16_store(v[2])) | (uint32_t(bf16_store(v[3])) << 16);
+  w.x = bf16x2_pack(v[0], v[1]);
+  w.y = bf16x2_pack(v[2], v[3]);
   *reinterpret_cast<uint2*>(dst) = w;
 }
 

@@ -44,11 +44,11 @@ __global__ void __launch_bounds__(kThreads) queries_kernel(const IndexerQueryPar
 #pragma unroll
       for (int k = 0; k < 2; ++k) cuda::rope_rotate(x[2 * k], x[2 * k + 1], cs_s[2 * (lane - 16) + k]);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) x[k] = round_bf16(x[k]);
+      for (int k = 0; k < 4; ++k) x[k] = cuda::bf16_round(x[k]);
     }
     cuda::hadamard128(x, hadamard_scale);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) x[k] = round_bf16(x[k]);
+    for (int k = 0; k < 4; ++k) x[k] = cuda::bf16_round(x[k]);
     float amax = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
     const int64_t e = int64_t(t) * nI + h;  // record index
     if (fp8) {

@@ -44,8 +44,8 @@ __device__ __forceinline__ void store_fp8_ds_mla(uint8_t* page, int B, int t, in
   } else {
     const int k = i - kNopeThreads;  // dims 448 + 4k .. 448 + 4k + 3, little-endian bf16
     uint2 w;
-    w.x = uint32_t(bf16_store(v[0])) | (uint32_t(bf16_store(v[1])) << 16);
-    w.y = uint32_t(bf16_store(v[2])) | (uint32_t(bf16_store(v[3])) << 16);
+    w.x = bf16x2_pack(v[0], v[1]);
+    w.y = bf16x2_pack(v[2], v[3]);
     *reinterpret_cast<uint2*>(data + kNopeDim + 8 * k) = w;
     if (k == 0) scales[kKvScaleBlocks] = 0;  // pad byte
   }

@@ -47,10 +47,8 @@ __device__ __forceinline__ void unpack8(const uint4& x, float (&v)[8]) {
 }
 
 __device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) w[k] = uint32_t(bf16_store(v[2 * k])) | (uint32_t(bf16_store(v[2 * k + 1])) << 16);
-  return make_uint4(w[0], w[1], w[2], w[3]);
+  return make_uint4(bf16x2_pack(v[0], v[1]), bf16x2_pack(v[2], v[3]), bf16x2_pack(v[4], v[5]),
+                    bf16x2_pack(v[6], v[7]));
 }
 
 // f(j, r, c, v) for each chunk j this thread holds of a row r < nrows:

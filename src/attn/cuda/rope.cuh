@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "numerics/bf16.h"
+#include "attn/cuda/warp.cuh"
 #include "numerics/rope.h"
 
 namespace dsv4::cuda {
@@ -44,7 +44,7 @@ __device__ __forceinline__ void rope_rotate_quad_bf16(float (&y)[4], const float
   rope_rotate(y[0], y[1], cs[0]);
   rope_rotate(y[2], y[3], cs[1]);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) y[k] = round_bf16(y[k]);
+  for (int k = 0; k < 4; ++k) y[k] = bf16_round(y[k]);
 }
 
 // A word of two bf16 (the lower one first: pair element 0) rotated by cs and
@@ -53,7 +53,7 @@ __device__ __forceinline__ void rope_rotate_quad_bf16(float (&y)[4], const float
 __device__ __forceinline__ uint32_t rope_rotate_bf16x2(uint32_t w, float2 cs) {
   float a = __uint_as_float(w << 16), b = __uint_as_float(w & 0xffff0000u);
   rope_rotate(a, b, cs);
-  return uint32_t(bf16_bits(a)) | (uint32_t(bf16_bits(b)) << 16);
+  return bf16x2_pack(a, b);
 }
 
 }  // namespace dsv4::cuda

@@ -1,6 +1,6 @@
 #pragma once
 // Warp-level building blocks shared by the CUDA ops: reductions over groups
-// of lanes and bf16 conversions with the CPU's exact rounding (numerics/).
+// of lanes and bf16 conversions with the CPU's rounding (numerics/bf16.h).
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -39,11 +39,24 @@ __device__ __forceinline__ double group_sum(double v) {
   return v;
 }
 
-// bf16 bits <-> float, and float rounded to bf16 exactly as dsv4::bf16_bits
-// rounds on the CPU (NaN payloads included).
+// bf16 bits <-> float, and float rounded to bf16 by the hardware's conversion
+// (cvt.rn.bf16x2.f32, one ALU instruction, where dsv4::bf16_bits's integer
+// rounding and NaN test take six or seven, and cvt.rn.bf16.f32 runs on the
+// slower conversion pipe; the elementwise kernels round every value two or
+// three times and were bound by those instructions, BI3). For every float but
+// NaN the bits are dsv4::bf16_bits's: nearest even, subnormals and infinities
+// included. A NaN stays a NaN, as the canonical 0x7fff where the CPU keeps its
+// payload.
 __device__ __forceinline__ float bf16_load(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
-__device__ __forceinline__ uint16_t bf16_store(float v) { return dsv4::bf16_bits(v); }
-__device__ __forceinline__ float bf16_round(float v) { return dsv4::round_bf16(v); }
+// Two floats as one bf16x2 word (lo at the lower address).
+__device__ __forceinline__ uint32_t bf16x2_pack(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+__device__ __forceinline__ uint16_t bf16_store(float v) { return uint16_t(bf16x2_pack(v, 0.0f)); }
+// v rounded, as a float: its bf16 in the upper half of the word, zeros below.
+__device__ __forceinline__ float bf16_round(float v) { return __uint_as_float(bf16x2_pack(0.0f, v)); }
 
 // The halves of a bf16x2 word as floats (low half: the lower address).
 __device__ __forceinline__ float bf16x2_lo(uint32_t v) { return __uint_as_float(v << 16); }

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -22,6 +23,7 @@
 #include "attn/cuda/q_head_norm_rope.h"
 #include "attn/cuda/qkv_norm_rope.h"
 #include "attn/cuda/residual_norm.h"
+#include "attn/cuda/warp.cuh"
 #include "cache/fp8_ds_mla.h"
 #include "common/error.h"
 #include "fused_support.cuh"
@@ -607,6 +609,90 @@ TEST_F(ResidualNorm, ZeroTokensLaunchNothing) {
   p.dim = 4096;
   cuda::residual_norm_cuda(p, nullptr);
   sync_and_check("residual_norm, T = 0");
+}
+
+// ---- bf16 rounding (warp.cuh) ---------------------------------------------------------------
+
+// warp.cuh rounds with the hardware's cvt.rn.bf16x2.f32 and promises
+// dsv4::bf16_bits's bits for every float but NaN (a NaN stays a NaN). Every
+// one of the 2^32 floats, as bf16_store, bf16_round and both halves of
+// bf16x2_pack, against bf16_bits compiled for the device: mismatches counted,
+// the smallest failing pattern kept. Patterns are numbered in a 64-bit
+// loop so the last one (0xffffffff) is reached.
+__global__ void bf16_rounding_sweep(unsigned long long* bad, unsigned* first) {
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (uint64_t(1) << 32); i += stride) {
+    const uint32_t u = uint32_t(i), v = u ^ 0x80400001u;  // a second float for pack's other half
+    const float f = __uint_as_float(u), g = __uint_as_float(v);
+    const uint32_t want = dsv4::bf16_bits(f), want_g = dsv4::bf16_bits(g);
+    const uint32_t got = cuda::bf16_store(f), rounded = __float_as_uint(cuda::bf16_round(f));
+    const uint32_t lo = cuda::bf16x2_pack(f, g), hi = cuda::bf16x2_pack(g, f);
+    const auto nan16 = [](uint32_t b) { return (b & 0x7fffu) > 0x7f80u; };
+    bool ok;
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+      ok = nan16(got) && (rounded & 0xffffu) == 0 && nan16(rounded >> 16) && nan16(lo) && nan16(hi >> 16);
+    else
+      ok = got == want && rounded == want << 16 && (lo & 0xffffu) == want && hi >> 16 == want;
+    const bool g_nan = (v & 0x7fffffffu) > 0x7f800000u;
+    ok = ok && (g_nan ? nan16(lo >> 16) && nan16(hi) : lo >> 16 == want_g && (hi & 0xffffu) == want_g);
+    if (!ok) {
+      atomicAdd(bad, 1ull);
+      atomicMin(first, u);
+    }
+  }
+}
+
+// A sample of patterns (every 4099th, the bf16 ties and their neighbours
+// near 1, the subnormal edge and the largest finite floats) rounded on the
+// device by bf16_store, compared on the host with the CPU's own bf16_bits.
+__global__ void bf16_store_each(const uint32_t* in, uint16_t* out, int n) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = cuda::bf16_store(__uint_as_float(in[i]));
+}
+
+class Bf16Rounding : public DeviceTest {};
+
+TEST_F(Bf16Rounding, HardwareConversionGivesTheCpuBitsForEveryFloatButNaN) {
+  DeviceBytes bad(sizeof(unsigned long long) + sizeof(unsigned));
+  const unsigned long long zero = 0;
+  const unsigned none = 0xffffffffu;
+  auto* count = reinterpret_cast<unsigned long long*>(bad.get());
+  auto* first = reinterpret_cast<unsigned*>(bad.get() + sizeof(zero));
+  cuda_ok(cudaMemcpy(count, &zero, sizeof(zero), cudaMemcpyHostToDevice), "copy");
+  cuda_ok(cudaMemcpy(first, &none, sizeof(none), cudaMemcpyHostToDevice), "copy");
+  bf16_rounding_sweep<<<1024, 256>>>(count, first);
+  sync_and_check("bf16 rounding sweep");
+  unsigned long long mismatches = 0;
+  unsigned smallest = 0;
+  cuda_ok(cudaMemcpy(&mismatches, count, sizeof(mismatches), cudaMemcpyDeviceToHost), "copy");
+  cuda_ok(cudaMemcpy(&smallest, first, sizeof(smallest), cudaMemcpyDeviceToHost), "copy");
+  EXPECT_EQ(mismatches, 0u) << "first failing float bits 0x" << std::hex << smallest;
+
+  std::vector<uint32_t> in;
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4099) in.push_back(uint32_t(u));
+  for (uint32_t b = 0; b < 4096; ++b) {                   // around 1.0 and 2^-126: ties, odd and even
+    for (uint32_t base : {0x3f800000u, 0x00800000u, 0x00000000u, 0x7f7f0000u})
+      for (uint32_t low : {0x7fffu, 0x8000u, 0x8001u}) in.push_back(base + (b << 16) + low);
+  }
+  DeviceBytes din(in.size() * 4), dout(in.size() * 2);
+  cuda_ok(cudaMemcpy(din.get(), in.data(), in.size() * 4, cudaMemcpyHostToDevice), "copy");
+  const int n = int(in.size());
+  bf16_store_each<<<(n + 255) / 256, 256>>>(reinterpret_cast<const uint32_t*>(din.get()),
+                                            reinterpret_cast<uint16_t*>(dout.get()), n);
+  sync_and_check("bf16_store sample");
+  std::vector<uint16_t> out(in.size());
+  cuda_ok(cudaMemcpy(out.data(), dout.get(), out.size() * 2, cudaMemcpyDeviceToHost), "copy");
+  int checked = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const float f = std::bit_cast<float>(in[i]);
+    if (std::isnan(f)) {
+      ASSERT_TRUE(std::isnan(bf16_to_float(out[i]))) << std::hex << in[i];
+      continue;
+    }
+    ASSERT_EQ(out[i], bf16_bits(f)) << "float bits 0x" << std::hex << in[i];
+    ++checked;
+  }
+  EXPECT_GT(checked, 1000000);
 }
 
 // ---- host-side checks (no device needed) -------------------------------------------------
