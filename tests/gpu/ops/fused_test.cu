@@ -653,20 +653,11 @@ __global__ void bf16_store_each(const uint32_t* in, uint16_t* out, int n) {
 class Bf16Rounding : public DeviceTest {};
 
 TEST_F(Bf16Rounding, HardwareConversionGivesTheCpuBitsForEveryFloatButNaN) {
-  DeviceBytes bad(sizeof(unsigned long long) + sizeof(unsigned));
-  const unsigned long long zero = 0;
-  const unsigned none = 0xffffffffu;
-  auto* count = reinterpret_cast<unsigned long long*>(bad.get());
-  auto* first = reinterpret_cast<unsigned*>(bad.get() + sizeof(zero));
-  cuda_ok(cudaMemcpy(count, &zero, sizeof(zero), cudaMemcpyHostToDevice), "copy");
-  cuda_ok(cudaMemcpy(first, &none, sizeof(none), cudaMemcpyHostToDevice), "copy");
-  bf16_rounding_sweep<<<1024, 256>>>(count, first);
+  DeviceArray<unsigned long long> count(std::vector<unsigned long long>{0});
+  DeviceArray<unsigned> first(std::vector<unsigned>{0xffffffffu});
+  bf16_rounding_sweep<<<1024, 256>>>(count.get(), first.get());
   sync_and_check("bf16 rounding sweep");
-  unsigned long long mismatches = 0;
-  unsigned smallest = 0;
-  cuda_ok(cudaMemcpy(&mismatches, count, sizeof(mismatches), cudaMemcpyDeviceToHost), "copy");
-  cuda_ok(cudaMemcpy(&smallest, first, sizeof(smallest), cudaMemcpyDeviceToHost), "copy");
-  EXPECT_EQ(mismatches, 0u) << "first failing float bits 0x" << std::hex << smallest;
+  EXPECT_EQ(count.download()[0], 0u) << "first failing float bits 0x" << std::hex << first.download()[0];
 
   std::vector<uint32_t> in;
   for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4099) in.push_back(uint32_t(u));
@@ -674,14 +665,12 @@ TEST_F(Bf16Rounding, HardwareConversionGivesTheCpuBitsForEveryFloatButNaN) {
     for (uint32_t base : {0x3f800000u, 0x00800000u, 0x00000000u, 0x7f7f0000u})
       for (uint32_t low : {0x7fffu, 0x8000u, 0x8001u}) in.push_back(base + (b << 16) + low);
   }
-  DeviceBytes din(in.size() * 4), dout(in.size() * 2);
-  cuda_ok(cudaMemcpy(din.get(), in.data(), in.size() * 4, cudaMemcpyHostToDevice), "copy");
+  const DeviceArray<uint32_t> din(in);
+  DeviceArray<uint16_t> dout(in.size());
   const int n = int(in.size());
-  bf16_store_each<<<(n + 255) / 256, 256>>>(reinterpret_cast<const uint32_t*>(din.get()),
-                                            reinterpret_cast<uint16_t*>(dout.get()), n);
+  bf16_store_each<<<(n + 255) / 256, 256>>>(din.get(), dout.get(), n);
   sync_and_check("bf16_store sample");
-  std::vector<uint16_t> out(in.size());
-  cuda_ok(cudaMemcpy(out.data(), dout.get(), out.size() * 2, cudaMemcpyDeviceToHost), "copy");
+  const std::vector<uint16_t> out = dout.download();
   int checked = 0;
   for (size_t i = 0; i < in.size(); ++i) {
     const float f = std::bit_cast<float>(in[i]);
