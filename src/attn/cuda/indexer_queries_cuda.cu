@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attn/cuda/indexer_queries_cuda.h"
+#include "attn/cuda/act_quant.cuh"
 #include "attn/cuda/fused_common.cuh"
 #include "attn/cuda/hadamard.cuh"
 #include "attn/cuda/pdl.cuh"
@@ -49,17 +50,14 @@ __global__ void __launch_bounds__(kThreads) queries_kernel(const IndexerQueryPar
     cuda::hadamard128(x, hadamard_scale);
 #pragma unroll
     for (int k = 0; k < 4; ++k) x[k] = cuda::bf16_round(x[k]);
-    float amax = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
     const int64_t e = int64_t(t) * nI + h;  // record index
     if (fp8) {
-      amax = cuda::group_max<32>(amax);
-      const int ex = e4m3_exponent_of_amax(amax);
-      uint32_t codes = 0;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) codes |= uint32_t(e4m3_code(x[k], ex)) << (8 * k);
+      int ex;
+      const uint32_t codes = cuda::quantize_e4m3_x4<32>(x, ex);
       *reinterpret_cast<uint32_t*>(p.out.codes + e * kIndexDim + 4 * lane) = codes;
       if (lane == 0) *reinterpret_cast<float*>(p.out.scales + e * kIndexerScaleBytes) = exp2_int(ex);
     } else {
+      float amax = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
       amax = cuda::group_max<8>(amax);  // a 32-wide block per 8 lanes
       const int ex = e2m1_exponent_of_amax(amax);
       uint32_t codes = 0;

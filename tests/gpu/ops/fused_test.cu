@@ -14,11 +14,13 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "attn/cuda/act_quant.cuh"
 #include "attn/cuda/out_rope.h"
 #include "attn/cuda/q_head_norm_rope.h"
 #include "attn/cuda/qkv_norm_rope.h"
@@ -28,6 +30,7 @@
 #include "common/error.h"
 #include "fused_support.cuh"
 #include "numerics/bf16.h"
+#include "numerics/e4m3.h"
 #include "numerics/quant.h"
 #include "numerics/rmsnorm.h"
 #include "numerics/rope.h"
@@ -650,21 +653,65 @@ __global__ void bf16_store_each(const uint32_t* in, uint16_t* out, int n) {
   if (i < n) out[i] = cuda::bf16_store(__uint_as_float(in[i]));
 }
 
-class Bf16Rounding : public DeviceTest {};
+// act_quant.cuh's e4m3x2_codes (cvt.rn.satfinite.e4m3x2.f32) against
+// float_to_e4m3 compiled for the device, both halves, every one of the 2^32
+// floats: the same code for every float but NaN, a NaN code (0x7f or 0xff)
+// for NaN.
+__global__ void e4m3_codes_sweep(unsigned long long* bad, unsigned* first) {
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (uint64_t(1) << 32); i += stride) {
+    const uint32_t u = uint32_t(i), v = u ^ 0x80400001u;
+    const float f = __uint_as_float(u), g = __uint_as_float(v);
+    const uint32_t got = cuda::e4m3x2_codes(f, g), swapped = cuda::e4m3x2_codes(g, f);
+    const auto same = [](float x, uint32_t code) {
+      return (__float_as_uint(x) & 0x7fffffffu) > 0x7f800000u ? (code & 0x7fu) == 0x7fu
+                                                             : code == dsv4::float_to_e4m3(x);
+    };
+    if (!(same(f, got & 0xffu) && same(g, got >> 8) && same(g, swapped & 0xffu) && same(f, swapped >> 8))) {
+      atomicAdd(bad, 1ull);
+      atomicMin(first, u);
+    }
+  }
+}
 
-TEST_F(Bf16Rounding, HardwareConversionGivesTheCpuBitsForEveryFloatButNaN) {
+// A sample of patterns (every 4099th, the e4m3 ties and their neighbours near
+// 1 and 448, the subnormal edge 2^-6 .. 2^-9) converted on the device by
+// e4m3x2_codes, compared on the host with the CPU's own float_to_e4m3.
+__global__ void e4m3_codes_each(const uint32_t* in, uint8_t* out, int n) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = uint8_t(cuda::e4m3x2_codes(__uint_as_float(in[i]), 0.0f));
+}
+
+class Bf16Rounding : public DeviceTest {};
+class E4m3Codes : public DeviceTest {};
+
+// Runs a sweep kernel over the 2^32 floats (it counts the mismatches and keeps
+// the smallest failing pattern) and expects none.
+void expect_clean_sweep(void (*sweep)(unsigned long long*, unsigned*), const char* what) {
   DeviceArray<unsigned long long> count(std::vector<unsigned long long>{0});
   DeviceArray<unsigned> first(std::vector<unsigned>{0xffffffffu});
-  bf16_rounding_sweep<<<1024, 256>>>(count.get(), first.get());
-  sync_and_check("bf16 rounding sweep");
-  EXPECT_EQ(count.download()[0], 0u) << "first failing float bits 0x" << std::hex << first.download()[0];
+  sweep<<<1024, 256>>>(count.get(), first.get());
+  sync_and_check(what);
+  EXPECT_EQ(count.download()[0], 0u) << what << ": first failing float bits 0x" << std::hex << first.download()[0];
+}
 
+// Every 4099th float, then base + (b << shift) + low for each base, b < 4096
+// and low (a rounding boundary's neighbours).
+std::vector<uint32_t> sample_floats(std::initializer_list<uint32_t> bases, int shift,
+                                    std::initializer_list<uint32_t> lows) {
   std::vector<uint32_t> in;
   for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4099) in.push_back(uint32_t(u));
-  for (uint32_t b = 0; b < 4096; ++b) {                   // around 1.0 and 2^-126: ties, odd and even
-    for (uint32_t base : {0x3f800000u, 0x00800000u, 0x00000000u, 0x7f7f0000u})
-      for (uint32_t low : {0x7fffu, 0x8000u, 0x8001u}) in.push_back(base + (b << 16) + low);
-  }
+  for (uint32_t b = 0; b < 4096; ++b)
+    for (uint32_t base : bases)
+      for (uint32_t low : lows) in.push_back(base + (b << shift) + low);
+  return in;
+}
+
+TEST_F(Bf16Rounding, HardwareConversionGivesTheCpuBitsForEveryFloatButNaN) {
+  expect_clean_sweep(bf16_rounding_sweep, "bf16 rounding sweep");
+  // Around 1.0 and 2^-126 and below the largest floats: ties, odd and even.
+  const std::vector<uint32_t> in =
+      sample_floats({0x3f800000u, 0x00800000u, 0x00000000u, 0x7f7f0000u}, 16, {0x7fffu, 0x8000u, 0x8001u});
   const DeviceArray<uint32_t> din(in);
   DeviceArray<uint16_t> dout(in.size());
   const int n = int(in.size());
@@ -679,6 +726,31 @@ TEST_F(Bf16Rounding, HardwareConversionGivesTheCpuBitsForEveryFloatButNaN) {
       continue;
     }
     ASSERT_EQ(out[i], bf16_bits(f)) << "float bits 0x" << std::hex << in[i];
+    ++checked;
+  }
+  EXPECT_GT(checked, 1000000);
+}
+
+TEST_F(E4m3Codes, HardwareConversionGivesTheCpuCodesForEveryFloatButNaN) {
+  expect_clean_sweep(e4m3_codes_sweep, "e4m3 conversion sweep");
+  // The e4m3 rounding bit is bit 19: ties near 1, 2^-6 (the normal edge),
+  // 2^-9 (the smallest subnormal) and 448 (saturation), odd and even.
+  const std::vector<uint32_t> in = sample_floats({0x3f800000u, 0x3c800000u, 0x3b000000u, 0x43e00000u, 0xc3e00000u},
+                                                 20, {0x7ffffu, 0x80000u, 0x80001u});
+  const DeviceArray<uint32_t> din(in);
+  DeviceArray<uint8_t> dout(in.size());
+  const int n = int(in.size());
+  e4m3_codes_each<<<(n + 255) / 256, 256>>>(din.get(), dout.get(), n);
+  sync_and_check("e4m3x2_codes sample");
+  const std::vector<uint8_t> out = dout.download();
+  int checked = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const float f = std::bit_cast<float>(in[i]);
+    if (std::isnan(f)) {
+      ASSERT_EQ(out[i] & 0x7f, 0x7f) << std::hex << in[i];
+      continue;
+    }
+    ASSERT_EQ(out[i], float_to_e4m3(f)) << "float bits 0x" << std::hex << in[i];
     ++checked;
   }
   EXPECT_GT(checked, 1000000);
