@@ -1,8 +1,9 @@
 #pragma once
 // Device building blocks of the block quantizers (SPEC §5) for kernels that
 // produce an activation or a cache record and quantize it before storing it
-// (the quantization fused into the producer). The rounding is numerics/quant.h's
-// (e4m3_exponent_of_amax, e4m3_code), so the codes equal the CPU's bit for bit.
+// (the quantization fused into the producer). The scale is numerics/quant.h's
+// (e4m3_exponent_of_amax) and the codes are e4m3_code's (the hardware's
+// conversion gives float_to_e4m3's codes), so they equal the CPU's bit for bit.
 #include <cstdint>
 
 #include "attn/cuda/fp8_act.h"
