@@ -16,7 +16,7 @@
 // cache records, the state rows pooled); FLOPs: the arithmetic, for
 // reference (all these ops are bandwidth-bound).
 // --stamps: only the C128A entry at one decode token, with its phases
-// (wide_stamps below).
+// (wide_stamps below). --qkv-per-cta N: the q/kv kernel's tokens a CTA.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -131,14 +131,25 @@ struct Case {
   std::function<void(Instance&, uint64_t)> make;
 };
 
+// The step's table of the rotation's factors for T positions (built once in
+// make, outside the timed calls), as the engine passes it to the kernels.
+const float* rope_table(Instance& in, const int32_t* positions, int T) {
+  float* cs = in.mem.alloc<float>(size_t(T) * 64);
+  dsv4::cuda::out_rope_table_cuda(positions, T, rope(), cs, nullptr);
+  CHECK(cudaDeviceSynchronize());
+  return cs;
+}
+
 // ---- the ops ------------------------------------------------------------------
 
-Case qkv_case(int T) {
+// table: the rotation's factors from the step's table, as the engine runs
+// it; per_cta: tokens a CTA (0: the launcher's choice).
+Case qkv_case(int T, bool table, int per_cta) {
   const int W = kQLora + 512;
-  Case c{"qkv_norm_rope", T, 0, 0, {}};
+  Case c{table ? "qkv, table" : "qkv_norm_rope", T, 0, 0, {}};
   c.bytes = double(T) * (W * 2 + 8 + 4 + kQLora * 2 + kQLora + kQLora / 128 * 4 + 584) + W * 4.0;
   c.flops = double(T) * (W * 5 + 64 * 3);
-  c.make = [T, W](Instance& in, uint64_t seed) {
+  c.make = [T, W, table, per_cta](Instance& in, uint64_t seed) {
     dsv4::cuda::QkvNormRopeParams p;
     p.num_tokens = T;
     p.q_lora = kQLora;
@@ -159,13 +170,15 @@ Case qkv_case(int T) {
     p.swa = dsv4::KvPagesMut{in.mem.bytes(size_t(pages) * dsv4::fp8_ds_mla_page_stride(64)), pages, 64,
                              dsv4::fp8_ds_mla_page_stride(64)};
     p.swa_slot = in.mem.upload(slot);
+    if (table) p.rope_table = rope_table(in, p.positions, T);
+    p.tokens_per_cta = per_cta;
     in.run = [p](cudaStream_t s) { dsv4::cuda::qkv_norm_rope_cuda(p, s); };
   };
   return c;
 }
 
 // table: the rotation's factors read from the step's table, as the engine
-// runs it (built once in make, outside the timed calls).
+// runs it.
 Case q_head_case(int T, bool table) {
   Case c{table ? "q_head, table" : "q_head_norm_rope", T, 0, 0, {}};
   c.bytes = double(T) * (kHeads * 512 * 2 * 2 + 8);
@@ -180,12 +193,7 @@ Case q_head_case(int T, bool table) {
     for (int t = 0; t < T; ++t) pos[size_t(t)] = position(T, t);
     p.positions = in.mem.upload(pos);
     p.rope = &rope();
-    if (table) {
-      float* cs = in.mem.f32(size_t(T) * 64, seed);
-      dsv4::cuda::out_rope_table_cuda(p.positions, T, rope(), cs, nullptr);
-      CHECK(cudaDeviceSynchronize());
-      p.rope_table = cs;
-    }
+    if (table) p.rope_table = rope_table(in, p.positions, T);
     in.run = [p](cudaStream_t s) { dsv4::cuda::q_head_norm_rope_cuda(p, s); };
   };
   return c;
@@ -404,11 +412,18 @@ int main(int argc, char** argv) {
     CHECK(cudaStreamDestroy(s));
     return 0;
   }
-  if (argc > 1) sizes = {std::atoi(argv[1])};
+  int qkv_per_cta = 0;  // --qkv-per-cta N: force the q/kv kernel's tokens a CTA
+  for (int a = 1; a < argc; ++a) {
+    if (std::string(argv[a]) == "--qkv-per-cta" && a + 1 < argc)
+      qkv_per_cta = std::atoi(argv[++a]);
+    else
+      sizes = {std::atoi(argv[a])};
+  }
   std::printf("%-20s %5s %10s %11s %9s %10s %7s %4s\n", "kernel", "T", "time us", "bytes MB", "GFLOP", "bytes us",
               "ratio", "R");
   for (int T : sizes) {
-    run_case(qkv_case(T), s);
+    run_case(qkv_case(T, false, qkv_per_cta), s);
+    run_case(qkv_case(T, true, qkv_per_cta), s);
     run_case(q_head_case(T, false), s);
     run_case(q_head_case(T, true), s);
     run_case(out_rope_case(T), s);

@@ -1,7 +1,8 @@
 // The compressor's kernels (compressor_cuda.h).
 //  rows:    one CTA per token; float4 copies of a and of g + ape.
-//  entries: one CTA of c threads per token (tokens without an entry leave at
-//           once). Thread e pools channel e over the slot's rows (row
+//  entries: CTAs of c threads, each over a span of tokens (about one wave
+//           of CTAs in all), pooling the entries its tokens complete one
+//           after another. Thread e pools channel e over the slot's rows (row
 //           pointers looked up once in shared memory); then c/4 threads, 4
 //           consecutive channels each, finish the entry: bf16, RMSNorm (one
 //           block reduction), bf16, RoPE (pairs are inside a thread), bf16,
@@ -18,6 +19,7 @@
 // decode these dependent loads were most of a 1-CTA kernel's time.
 #include "attn/cuda/compressor_cuda.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -97,17 +99,20 @@ struct EntryPlan {
 };
 // finish_dim: the entry's channels when this CTA finishes it (finish_entry's
 // threads get their factors), 0 when it does not.
+// Token t's record and entry (page nullptr: it completes none).
+__device__ __forceinline__ EntryPlan entry_of(const CompressorParams& p, int t) {
+  EntryPlan e;
+  e.page = record_page(p.out, __ldg(p.entry_slot + t), e.te);
+  e.j = pool::slot_of_position(__ldg(p.positions + t), p.ratio);
+  if (e.j < 0) e.page = nullptr;
+  return e;
+}
 __device__ __forceinline__ EntryPlan plan_entry(const CompressorParams& p, const float* inv_freq, int t,
                                                 const float** rows_s, const float* own, const float* own_s,
                                                 int finish_dim) {
-  EntryPlan e;
-  e.page = record_page(p.out, __ldg(p.entry_slot + t), e.te);
+  EntryPlan e = entry_of(p, t);
+  if (!e.page) return e;
   const int m = p.ratio;
-  e.j = pool::slot_of_position(__ldg(p.positions + t), m);
-  if (!e.page || e.j < 0) {
-    e.page = nullptr;
-    return e;
-  }
   e.first = pool::pool_first(e.j, m);
   e.n = pool::pool_count(e.j, m);
   const int run = __ldg(p.token_run + t);
@@ -172,17 +177,35 @@ __device__ __forceinline__ void pool_and_finish(const CompressorParams& p, const
 }
 
 // kDim = c threads; kBatch rows loaded at a time per thread (m = 128 pools
-// 128 rows: 4 batches of 32 rather than 128 dependent loads).
+// 128 rows: 4 batches of 32 rather than 128 dependent loads). A CTA takes
+// the tokens [span * b, span * (b + 1)) and pools the entries they complete
+// one after another: in a prefill chunk one token in m completes one, and
+// with a CTA a token most CTAs only read metadata and left (8,192 CTAs of
+// 512 threads at 8,192 tokens), while C128A's few entries started only as
+// the grid reached them (fused_bench at 8,192 tokens, BK2 on an H100: C4A
+// 123 -> 93 us, C128A 131 -> 59, the C4A indexer's 33.8 -> 32.5).
 template <int kDim, int kBatch>
 __global__ void __launch_bounds__(kDim)
-    entries_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args) {
+    entries_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args, int span) {
   __shared__ const float* rows_s[kMaxPooledRows];
-  // The metadata, before the wait.
-  const EntryPlan e = plan_entry(p, args.rope.inv_freq, int(blockIdx.x), rows_s, nullptr, nullptr, kDim);
-  pdl_start();  // pdl.cuh: launched with pdl_launch
-  if (!e.page) return;  // the same for the whole CTA
+  __shared__ int list_s[kDim];  // the span's tokens that complete an entry (span <= kDim)
+  __shared__ int count_s;
+  // The metadata, before the wait: the list, and the first entry's plan.
+  if (threadIdx.x == 0) count_s = 0;
   __syncthreads();
-  pool_and_finish<kDim, kBatch>(p, args, e, rows_s);
+  const int t = int(blockIdx.x) * span + int(threadIdx.x);
+  if (int(threadIdx.x) < span && t < p.num_tokens && entry_of(p, t).page) list_s[atomicAdd(&count_s, 1)] = t;
+  __syncthreads();
+  const int count = count_s;  // entries are independent: their order does not matter
+  EntryPlan e;
+  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], rows_s, nullptr, nullptr, kDim);
+  pdl_start();  // pdl.cuh: launched with pdl_launch
+  for (int k = 0; k < count; ++k) {
+    // rows_s: every thread read the last entry's before pool_and_finish's barrier.
+    if (k > 0) e = plan_entry(p, args.rope.inv_freq, list_s[k], rows_s, nullptr, nullptr, kDim);
+    __syncthreads();
+    pool_and_finish<kDim, kBatch>(p, args, e, rows_s);
+  }
 }
 
 // Rows and entries in one kernel, for steps with one token per run: the
@@ -339,14 +362,28 @@ __global__ void __launch_bounds__(kWideThreads)
 
 unsigned long long* g_wide_stamps = nullptr;  // set_compressor_wide_stamps
 
+// CTAs of `threads` threads of `kernel` the current device holds at once.
+template <typename Kernel>
+int resident_ctas(Kernel kernel, int threads) {
+  int dev = 0, sms = 0, per_sm = 0;
+  cuda_check(cudaGetDevice(&dev), "compressor (cuda): device");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "compressor (cuda): SM count");
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0), "compressor (cuda): occupancy");
+  return std::max(1, sms * per_sm);
+}
+
 // The entries kernel for (c, m): kFused picks rows_entries_kernel.
 template <bool kFused, int kDim, int kBatch>
 void launch_entries(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
-  const unsigned T = unsigned(p.num_tokens);
-  if constexpr (kFused)
-    pdl_launch(rows_entries_kernel<kDim, kBatch>, T, kDim, 0, stream, p, args);
-  else
-    pdl_launch(entries_kernel<kDim, kBatch>, T, kDim, 0, stream, p, args);
+  const int T = p.num_tokens;
+  if constexpr (kFused) {
+    pdl_launch(rows_entries_kernel<kDim, kBatch>, unsigned(T), kDim, 0, stream, p, args);
+  } else {
+    // Spans that give about one wave of resident CTAs.
+    static const int wave = resident_ctas(entries_kernel<kDim, kBatch>, kDim);
+    const int span = std::min(kDim, std::max(1, (T + wave - 1) / wave));
+    pdl_launch(entries_kernel<kDim, kBatch>, unsigned((T + span - 1) / span), kDim, 0, stream, p, args, span);
+  }
 }
 
 void launch_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {

@@ -42,6 +42,14 @@ struct QkvNormRopeParams {
   Fp8ActOut cq_fp8;                    // [T, q_lora] (data null: not written)
   KvPagesMut swa;                      // fp8_ds_mla pages
   const int32_t* swa_slot = nullptr;   // [T]
+  // Optional: out_rope_table_cuda's table for these positions and this RoPE
+  // (device, 16-byte aligned), read where a CTA takes several tokens; else
+  // (and with one token a CTA, before the PDL wait) the factors are computed.
+  const float* rope_table = nullptr;
+  // Tokens a CTA takes: 0 chooses by size (1 below 1,024 tokens, 4 below
+  // 4,096, else 2); 1, 2 or 4 force it (tests, fused_bench). Above 512
+  // threads (q_lora > 1536) a CTA takes one token whatever is asked.
+  int tokens_per_cta = 0;
 };
 
 void qkv_norm_rope_cuda(const QkvNormRopeParams& p, CUstream_st* stream);

@@ -401,6 +401,11 @@ TEST_F(Compressor, C128AMain) {
 TEST_F(Compressor, C4APrefillChunk) {
   run_compressor({4, 512, EntryFormat::kFp8DsMla, false, {{4096, 2048}, {37, 515}}, false, 55});
 }
+// Long enough that the entries kernel's CTAs (spans of tokens, about one
+// wave of them) take several 128-dim entries each, across two runs.
+TEST_F(Compressor, C4AIndexerLongChunk) {
+  run_compressor({4, 128, EntryFormat::kIndexMxfp4, true, {{4096, 8200}, {37, 515}}, false, 59});
+}
 TEST_F(Compressor, C128APrefillChunk) {
   run_compressor({128, 512, EntryFormat::kFp8DsMla, false, {{0, 1000}, {4000, 700}}, false, 56});
 }
