@@ -97,8 +97,6 @@ struct EntryPlan {
   int64_t j = 0, first = 0;
   float2 cs[2] = {};  // this thread's RoPE factors at j*m (a finishing thread with rotary dims)
 };
-// finish_dim: the entry's channels when this CTA finishes it (finish_entry's
-// threads get their factors), 0 when it does not.
 // Token t's record and entry (page nullptr: it completes none).
 __device__ __forceinline__ EntryPlan entry_of(const CompressorParams& p, int t) {
   EntryPlan e;
@@ -107,6 +105,8 @@ __device__ __forceinline__ EntryPlan entry_of(const CompressorParams& p, int t) 
   if (e.j < 0) e.page = nullptr;
   return e;
 }
+// finish_dim: the entry's channels when this CTA finishes it (finish_entry's
+// threads get their factors), 0 when it does not.
 __device__ __forceinline__ EntryPlan plan_entry(const CompressorParams& p, const float* inv_freq, int t,
                                                 const float** rows_s, const float* own, const float* own_s,
                                                 int finish_dim) {
