@@ -142,14 +142,13 @@ const float* rope_table(Instance& in, const int32_t* positions, int T) {
 
 // ---- the ops ------------------------------------------------------------------
 
-// table: the rotation's factors from the step's table, as the engine runs
-// it; per_cta: tokens a CTA (0: the launcher's choice).
-Case qkv_case(int T, bool table, int per_cta) {
+// per_cta: tokens a CTA (0: the launcher's choice).
+Case qkv_case(int T, int per_cta) {
   const int W = kQLora + 512;
-  Case c{table ? "qkv, table" : "qkv_norm_rope", T, 0, 0, {}};
+  Case c{"qkv_norm_rope", T, 0, 0, {}};
   c.bytes = double(T) * (W * 2 + 8 + 4 + kQLora * 2 + kQLora + kQLora / 128 * 4 + 584) + W * 4.0;
   c.flops = double(T) * (W * 5 + 64 * 3);
-  c.make = [T, W, table, per_cta](Instance& in, uint64_t seed) {
+  c.make = [T, W, per_cta](Instance& in, uint64_t seed) {
     dsv4::cuda::QkvNormRopeParams p;
     p.num_tokens = T;
     p.q_lora = kQLora;
@@ -170,7 +169,6 @@ Case qkv_case(int T, bool table, int per_cta) {
     p.swa = dsv4::KvPagesMut{in.mem.bytes(size_t(pages) * dsv4::fp8_ds_mla_page_stride(64)), pages, 64,
                              dsv4::fp8_ds_mla_page_stride(64)};
     p.swa_slot = in.mem.upload(slot);
-    if (table) p.rope_table = rope_table(in, p.positions, T);
     p.tokens_per_cta = per_cta;
     in.run = [p](cudaStream_t s) { dsv4::cuda::qkv_norm_rope_cuda(p, s); };
   };
@@ -422,8 +420,7 @@ int main(int argc, char** argv) {
   std::printf("%-20s %5s %10s %11s %9s %10s %7s %4s\n", "kernel", "T", "time us", "bytes MB", "GFLOP", "bytes us",
               "ratio", "R");
   for (int T : sizes) {
-    run_case(qkv_case(T, false, qkv_per_cta), s);
-    run_case(qkv_case(T, true, qkv_per_cta), s);
+    run_case(qkv_case(T, qkv_per_cta), s);
     run_case(q_head_case(T, false), s);
     run_case(q_head_case(T, true), s);
     run_case(out_rope_case(T), s);

@@ -23,30 +23,74 @@ __device__ __forceinline__ uint32_t e4m3x2_codes(float lo, float hi) {
   return d;
 }
 
-// One block of kLanes * 4 values held by kLanes consecutive lanes, 4 each
-// (lane i of the group holds elements 4i .. 4i+3): returns the four e4m3
-// codes of this lane packed little-endian (element 4i in the low byte) and
-// sets `exponent` to the block's scale exponent (the same in every lane).
-// kLanes = 32: a 128-wide FP8-linear block; kLanes = 16: a 64-wide KV block.
-template <int kLanes>
-__device__ __forceinline__ uint32_t quantize_e4m3_x4(const float (&v)[4], int& exponent) {
-  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-  amax = group_max<kLanes>(amax);
-  exponent = e4m3_exponent_of_amax(amax);
-  const float s = exp2_int(-exponent);  // e4m3_code's own product x * 2^-e
+__device__ __forceinline__ float amax4(const float (&v)[4]) {
+  return fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+}
+
+// Four values times s (e4m3_code's own product x * 2^-e) as e4m3 codes,
+// packed little-endian.
+__device__ __forceinline__ uint32_t e4m3x4_codes(const float (&v)[4], float s) {
   return e4m3x2_codes(__fmul_rn(v[0], s), __fmul_rn(v[1], s)) |
          e4m3x2_codes(__fmul_rn(v[2], s), __fmul_rn(v[3], s)) << 16;
 }
 
-// A warp quantizes row m's 128-wide block kb of an FP8 activation: lane l
-// holds elements 4l .. 4l+3 of the block (already rounded to bf16 by the
-// producer when production numerics ask for it).
-__device__ __forceinline__ void store_act_block(const Fp8ActOut& out, int m, int kb, const float (&v)[4]) {
+// One block of values held by kLanes consecutive lanes, kQuads quads of 4
+// consecutive elements each (lane i of the group holds elements 4kQuads i
+// and on): sets this lane's codes (each quad's four e4m3 codes packed
+// little-endian, the lowest element in the low byte) and `exponent` to the
+// block's scale exponent (the same in every lane). The block's maximum does
+// not depend on how its elements are grouped, so any kQuads gives the same
+// scale and codes. kLanes * 4 kQuads = 128: an FP8-linear block; 64: a KV block.
+template <int kLanes, int kQuads>
+__device__ __forceinline__ void quantize_e4m3_quads(const float (&v)[kQuads][4], int& exponent,
+                                                    uint32_t (&codes)[kQuads]) {
+  float amax = amax4(v[0]);
+#pragma unroll
+  for (int q = 1; q < kQuads; ++q) amax = fmaxf(amax, amax4(v[q]));
+  exponent = e4m3_exponent_of_amax(group_max<kLanes>(amax));
+  const float s = exp2_int(-exponent);  // e4m3_code's own product x * 2^-e
+#pragma unroll
+  for (int q = 0; q < kQuads; ++q) codes[q] = e4m3x4_codes(v[q], s);
+}
+
+// One quad a lane: returns its four codes.
+template <int kLanes>
+__device__ __forceinline__ uint32_t quantize_e4m3_x4(const float (&v)[4], int& exponent) {
+  const float q[1][4] = {{v[0], v[1], v[2], v[3]}};
+  uint32_t codes[1];
+  quantize_e4m3_quads<kLanes>(q, exponent, codes);
+  return codes[0];
+}
+
+// 1, 2 or 4 words to dst (aligned to their size) in one store.
+template <int kWords>
+__device__ __forceinline__ void store_words(uint8_t* dst, const uint32_t (&w)[kWords]) {
+  if constexpr (kWords == 1)
+    *reinterpret_cast<uint32_t*>(dst) = w[0];
+  else if constexpr (kWords == 2)
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  else
+    *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Row m's columns col .. col + 4kQuads - 1 of an FP8 activation (this lane's
+// quads, already rounded to bf16 by the producer when production numerics ask
+// for it): 32 / kQuads consecutive lanes hold a 128-wide block and call
+// together (one quad a lane: a warp a block; two: a half warp).
+template <int kQuads>
+__device__ __forceinline__ void store_act_piece(const Fp8ActOut& out, int m, int col, const float (&v)[kQuads][4]) {
+  constexpr int kLanes = kActBlock / (4 * kQuads);
   int e = 0;
-  const uint32_t codes = quantize_e4m3_x4<32>(v, e);
-  const int lane = threadIdx.x & 31;
-  *reinterpret_cast<uint32_t*>(out.data + int64_t(m) * out.ld + kb * kActBlock + 4 * lane) = codes;
-  if (lane == 0) out.scales[int64_t(kb) * out.scale_ld + m] = exp2_int(e);
+  uint32_t codes[kQuads];
+  quantize_e4m3_quads<kLanes>(v, e, codes);
+  store_words(out.data + int64_t(m) * out.ld + col, codes);
+  if (threadIdx.x % kLanes == 0) out.scales[int64_t(col / kActBlock) * out.scale_ld + m] = exp2_int(e);
+}
+
+// A warp quantizes row m's 128-wide block kb: lane l holds elements 4l .. 4l+3.
+__device__ __forceinline__ void store_act_block(const Fp8ActOut& out, int m, int kb, const float (&v)[4]) {
+  const float q[1][4] = {{v[0], v[1], v[2], v[3]}};
+  store_act_piece<1>(out, m, kb * kActBlock + 4 * int(threadIdx.x & 31), q);
 }
 
 }  // namespace dsv4::cuda

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "attn/compressor_math.h"
+#include "attn/cuda/device_info.h"
 #include "attn/cuda/fused_common.cuh"
 #include "attn/cuda/hadamard.cuh"
 #include "attn/cuda/kv_record.cuh"
@@ -365,11 +366,9 @@ unsigned long long* g_wide_stamps = nullptr;  // set_compressor_wide_stamps
 // CTAs of `threads` threads of `kernel` the current device holds at once.
 template <typename Kernel>
 int resident_ctas(Kernel kernel, int threads) {
-  int dev = 0, sms = 0, per_sm = 0;
-  cuda_check(cudaGetDevice(&dev), "compressor (cuda): device");
-  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "compressor (cuda): SM count");
+  int per_sm = 0;
   cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0), "compressor (cuda): occupancy");
-  return std::max(1, sms * per_sm);
+  return std::max(1, device_sm_count() * per_sm);
 }
 
 // The entries kernel for (c, m): kFused picks rows_entries_kernel.

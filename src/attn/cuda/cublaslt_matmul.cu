@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "attn/cuda/device_info.h"
 #include "common/error.h"
 
 namespace dsv4::cuda {
@@ -69,12 +70,9 @@ T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttribut
   return v;
 }
 
-int sm_count() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return 0;
-  return sms;
+int sm_count() {  // 0 where the runtime cannot say (no split then)
+  int sms = 0;
+  return query_sm_count(&sms) == cudaSuccess ? sms : 0;
 }
 
 // How many ways to split k for a block-scaled FP8 problem whose heuristic

@@ -234,7 +234,6 @@ void CudaLayer::project_q_kv(StepBuffers& b) {
   p.cq_fp8 = b.cq8;
   p.swa = b.cache->pages(layer_, CacheKind::kSwa);
   p.swa_slot = b.step.swa_slot;
-  p.rope_table = b.out_rope_cs[int(type_)];  // the prologue's, for this layer type's RoPE
   qkv_norm_rope_cuda(p, b.stream);
   // q's heads: on their own lane while the main lane runs the indexer (C4A).
   const Lane h = heads_lane();

@@ -30,7 +30,6 @@ namespace dsv4::cuda {
 
 // ---- bf16 vectors ------------------------------------------------------------
 
-// Four consecutive bf16 (8 bytes) <-> floats.
 // Four bf16 (8 bytes, the lowest first) as floats.
 __device__ __forceinline__ void bf16x4_floats(uint2 raw, float (&v)[4]) {
   v[0] = bf16_load(uint16_t(raw.x & 0xffffu));
@@ -48,6 +47,16 @@ __device__ __forceinline__ void store_bf16x4(uint16_t* dst, const float (&v)[4])
   w.x = bf16x2_pack(v[0], v[1]);
   w.y = bf16x2_pack(v[2], v[3]);
   *reinterpret_cast<uint2*>(dst) = w;
+}
+
+// Eight consecutive bf16 (16 bytes) as two quads of floats, and back.
+__device__ __forceinline__ void bf16x8_floats(uint4 raw, float (&v)[2][4]) {
+  bf16x4_floats(make_uint2(raw.x, raw.y), v[0]);
+  bf16x4_floats(make_uint2(raw.z, raw.w), v[1]);
+}
+
+__device__ __forceinline__ void store_bf16x8(uint16_t* dst, const float (&v)[2][4]) {
+  *reinterpret_cast<uint4*>(dst) = bf16x8_pack(v);
 }
 
 // ---- RMSNorm -----------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/cuda/device_info.h"
 #include "attn/cuda/indexer_select_internal.cuh"
 #include "common/error.h"
 
@@ -78,9 +79,7 @@ IndexerSelectCuda::IndexerSelectCuda(const IndexerSelectCudaLimits& limits) : im
     DSV4_REQUIRE(limits.work_units >= 0, "indexer select (cuda): negative work_units");
     DSV4_REQUIRE(limits.topk >= 1 && limits.topk <= kIndexerMaxTopk, "indexer select (cuda): limits.topk must be in [1, 1024]");
     impl_->limits = limits;
-    int device = 0;
-    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-    cuda_check(cudaDeviceGetAttribute(&impl_->grid, cudaDevAttrMultiProcessorCount, device), "device attributes");
+    impl_->grid = cuda::device_sm_count();
     static std::once_flag once;
     std::call_once(once, [] { cuda::ix::prepare_score_kernels(); });
     cuda_check(cudaGetLastError(), "kernel attributes");

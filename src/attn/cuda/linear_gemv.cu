@@ -18,17 +18,6 @@ void check_cuda(int e, const char* what) {
     throw Error(std::string("linear (cuda): ") + what + ": " + cudaGetErrorString(cudaError_t(e)));
 }
 
-int device_sm_count() {
-  static int sms = 0;
-  if (sms == 0) {
-    int dev = 0, v = 0;
-    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count");
-    sms = v;
-  }
-  return sms;
-}
-
 int gemv_tile_rows(int m) { return m <= 8 ? 8 : (m <= 16 ? 16 : (m <= 32 ? 32 : 64)); }
 
 // The activation slice [tile rows, k] as 16-bit values stays within 64 KB.

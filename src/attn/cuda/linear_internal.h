@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attn/cuda/device_info.h"
 #include "attn/cuda/fp8_act.h"
 #include "attn/cuda/residual_norm.h"
 #include "numerics/rope.h"
@@ -144,8 +145,6 @@ void launch_quantize_bf16(const uint16_t* x, int64_t ldx, const Fp8ActOut& out, 
 // Activation scales with row stride ld_in -> row stride `rows` (cuBLASLt's VEC128 layout).
 void launch_repack_scales(const float* in, int64_t ld_in, float* out, int rows, int kblocks, CUstream_st* stream);
 
-// Multiprocessors of the current device (cached after the first call).
-int device_sm_count();
 // Throws Error("what: <cuda error>") when e is not cudaSuccess (e is a cudaError_t).
 void check_cuda(int e, const char* what);
 

@@ -42,17 +42,21 @@ struct QkvNormRopeParams {
   Fp8ActOut cq_fp8;                    // [T, q_lora] (data null: not written)
   KvPagesMut swa;                      // fp8_ds_mla pages
   const int32_t* swa_slot = nullptr;   // [T]
-  // Optional: out_rope_table_cuda's table for these positions and this RoPE
-  // (device, 16-byte aligned), read where a CTA takes several tokens; else
-  // (and with one token a CTA, before the PDL wait) the factors are computed.
-  const float* rope_table = nullptr;
-  // Tokens a CTA takes: 0 chooses by size (1 below 1,024 tokens, 4 below
-  // 4,096, else 2); 1, 2 or 4 force it (tests, fused_bench). Above 512
-  // threads (q_lora > 1536) a CTA takes one token whatever is asked.
+  // Tokens a CTA takes: 0 chooses by size (a CTA a token below 512 tokens,
+  // else a warp a token, 2 a CTA, from 4,096 tokens 8); 1 forces a CTA a
+  // token, 2, 4 or 8 a warp a token with that many a CTA (tests,
+  // fused_bench). A warp a token needs
+  // q_lora 1024 or 1536, 16-byte aligned rows, norm weights and cq with
+  // strides a multiple of 8, and 8-byte aligned FP8 rows; otherwise a CTA
+  // takes one token whatever is asked.
   int tokens_per_cta = 0;
 };
 
 void qkv_norm_rope_cuda(const QkvNormRopeParams& p, CUstream_st* stream);
+
+// The tokens a CTA of qkv_norm_rope_cuda takes for these parameters (1: a CTA
+// a token; 2, 4, 8: a warp a token).
+int qkv_norm_rope_tokens_per_cta(const QkvNormRopeParams& p);
 
 // The checks qkv_norm_rope_cuda runs first; throws Error naming the problem.
 void check_qkv_norm_rope_params(const QkvNormRopeParams& p);

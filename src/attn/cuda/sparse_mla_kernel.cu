@@ -13,6 +13,7 @@
 // and fp32 accumulation, scale after; exp2 in fp32; P rounded to bf16 for
 // P.V while the row sum adds the fp32 values; output rounded to bf16.
 // Designs measured and dropped are in docs/perf-notes.md and git history.
+#include "attn/cuda/device_info.h"
 #include "attn/cuda/sparse_mla_common.cuh"
 #include "attn/cuda/sparse_mla_tiles.cuh"
 
@@ -55,9 +56,8 @@ int attention_grid(int cluster) {
     if (e != cudaSuccess) return -int(e);
   }
   cudaError_t e = cudaSuccess;
-  int device = 0, sms = 0, n = 0;
-  if ((e = cudaGetDevice(&device)) != cudaSuccess) return -int(e);
-  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return -int(e);
+  int sms = 0, n = 0;
+  if ((e = query_sm_count(&sms)) != cudaSuccess) return -int(e);
   if (cluster == 1) {
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kAttnThreads, kSmemBytes);
     return e != cudaSuccess ? -int(e) : n * sms;

@@ -54,6 +54,11 @@ __device__ __forceinline__ uint32_t bf16x2_pack(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
+// Eight floats, as two quads, as 16 bytes of bf16 (v[0][0] first).
+__device__ __forceinline__ uint4 bf16x8_pack(const float (&v)[2][4]) {
+  return make_uint4(bf16x2_pack(v[0][0], v[0][1]), bf16x2_pack(v[0][2], v[0][3]), bf16x2_pack(v[1][0], v[1][1]),
+                    bf16x2_pack(v[1][2], v[1][3]));
+}
 __device__ __forceinline__ uint16_t bf16_store(float v) { return uint16_t(bf16x2_pack(v, 0.0f)); }
 // v rounded, as a float: its bf16 in the upper half of the word, zeros below.
 __device__ __forceinline__ float bf16_round(float v) { return __uint_as_float(bf16x2_pack(0.0f, v)); }

@@ -153,8 +153,8 @@ struct QkvSpec {
   bool big = false;          // slots in pages past 2 GiB; arena filled with a byte pattern
   double hole_rate = 0.15;   // tokens with slot -1
   uint64_t seed = 1;
-  bool table = false;        // the rotation's factors from out_rope_table_cuda's table
   int per_cta = 0;           // tokens a CTA (0: the launcher's choice by size)
+  int expect_per_cta = 1;    // what the launcher takes (1: a CTA a token; 2, 4, 8: a warp a token)
 };
 
 void run_qkv(const QkvSpec& s) {
@@ -249,12 +249,8 @@ void run_qkv(const QkvSpec& s) {
   p.cq_fp8 = d_fp8.out(fp8_got);
   p.swa = KvPagesMut{d_arena.get(), s.pages, B, stride};
   p.swa_slot = d_slot.get();
-  DeviceArray<float> d_table(size_t(T) * kRopeDim);
-  if (s.table) {
-    cuda::out_rope_table_cuda(d_pos.get(), T, rope, d_table.get(), nullptr);
-    p.rope_table = d_table.get();
-  }
   p.tokens_per_cta = s.per_cta;
+  ASSERT_EQ(cuda::qkv_norm_rope_tokens_per_cta(p), s.expect_per_cta) << "not the kernel this case is for";
   cuda::qkv_norm_rope_cuda(p, nullptr);
   sync_and_check("qkv_norm_rope");
 
@@ -309,18 +305,20 @@ class QkvNormRope : public DeviceTest {};
 
 TEST_F(QkvNormRope, FlashDecodeBatch) { run_qkv({8, 1024, 12, 16, false, 0.15, 11}); }
 TEST_F(QkvNormRope, FlashOneToken) { run_qkv({1, 1024, 0, 2, false, 0.0, 12}); }
-TEST_F(QkvNormRope, FlashPrefillChunk) { run_qkv({300, 1024, 4, 16, false, 0.1, 13}); }
-// From 1,024 tokens a CTA takes four (the last CTA here three), from 4,096
-// two; the factors from the step's table, as the engine runs it, and computed.
-TEST_F(QkvNormRope, FourTokensACtaFromTheTable) { run_qkv({1027, 1024, 4, 20, false, 0.1, 18, true}); }
-TEST_F(QkvNormRope, FourTokensACtaComputed) { run_qkv({1030, 1024, 0, 20, false, 0.05, 19, false}); }
-TEST_F(QkvNormRope, TwoTokensACtaFromTheTable) { run_qkv({4099, 1024, 4, 72, false, 0.05, 25, true}); }
-TEST_F(QkvNormRope, TwoTokensACtaPro) { run_qkv({7, 1536, 8, 4, false, 0.2, 20, true, 2}); }
-TEST_F(QkvNormRope, FourTokensACtaPro) { run_qkv({13, 1536, 0, 4, false, 0.0, 21, false, 4}); }
-// One token a CTA: the launcher drops the table (factors computed before the wait).
-TEST_F(QkvNormRope, DecodeFromTheTable) { run_qkv({8, 1024, 12, 16, false, 0.15, 22, true}); }
-// Above 512 threads a CTA takes one token whatever is asked.
-TEST_F(QkvNormRope, LargestQLoraAskedForFour) { run_qkv({6, 3584, 8, 2, false, 0.0, 23, true, 4}); }
+// From 512 tokens a warp takes a token, two a CTA (from 4,096 eight); the
+// last CTAs here take fewer.
+TEST_F(QkvNormRope, FlashPrefillChunk) { run_qkv({515, 1024, 8, 24, false, 0.1, 13, 0, 2}); }
+TEST_F(QkvNormRope, WarpsEightACta) { run_qkv({1027, 1024, 0, 20, false, 0.1, 18, 8, 8}); }
+TEST_F(QkvNormRope, WarpsFourACta) { run_qkv({1030, 1024, 16, 20, false, 0.05, 19, 4, 4}); }
+TEST_F(QkvNormRope, WarpsLongChunk) { run_qkv({4099, 1024, 8, 72, false, 0.05, 25, 0, 8}); }
+TEST_F(QkvNormRope, TwoWarpsACtaPro) { run_qkv({7, 1536, 8, 4, false, 0.2, 20, 2, 2}); }
+TEST_F(QkvNormRope, EightWarpsACtaPro) { run_qkv({13, 1536, 0, 4, false, 0.0, 21, 8, 8}); }
+TEST_F(QkvNormRope, WarpsAllSlotsEmpty) { run_qkv({9, 1024, 0, 2, false, 1.0, 28, 2, 2}); }
+TEST_F(QkvNormRope, WarpsPagesPast2GiB) { run_qkv({40, 1024, 0, 57600, true, 0.0, 26, 8, 8}); }
+// Shapes the warp kernel does not take run a CTA a token whatever is asked:
+// rows not 16-byte aligned, a q_lora it has no instantiation for.
+TEST_F(QkvNormRope, MisalignedRowsAskedForWarps) { run_qkv({300, 1024, 4, 16, false, 0.1, 27, 8, 1}); }
+TEST_F(QkvNormRope, LargestQLoraAskedForWarps) { run_qkv({6, 3584, 8, 2, false, 0.0, 23, 4, 1}); }
 TEST_F(QkvNormRope, ProSizes) { run_qkv({5, 1536, 0, 4, false, 0.0, 14}); }
 TEST_F(QkvNormRope, LargestQLora) { run_qkv({3, 3584, 8, 2, false, 0.0, 15}); }
 TEST_F(QkvNormRope, AllSlotsEmpty) { run_qkv({6, 1024, 0, 2, false, 1.0, 16}); }
@@ -811,10 +809,9 @@ TEST(FusedChecks, BadParamsThrowBeforeLaunching) {
   bad.cq_fp8 = Fp8ActOut{buf, reinterpret_cast<float*>(buf), 1, 512, 1024, 1};  // wrong width
   EXPECT_THROW(cuda::check_qkv_norm_rope_params(bad), Error);
   bad = q;
-  bad.rope_table = reinterpret_cast<const float*>(buf + 8);  // not 16-byte aligned
-  EXPECT_THROW(cuda::check_qkv_norm_rope_params(bad), Error);
-  bad = q;
   bad.tokens_per_cta = 3;
+  EXPECT_THROW(cuda::check_qkv_norm_rope_params(bad), Error);
+  bad.tokens_per_cta = 16;
   EXPECT_THROW(cuda::check_qkv_norm_rope_params(bad), Error);
 
   cuda::QHeadNormRopeParams h;
