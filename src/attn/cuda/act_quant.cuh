@@ -23,6 +23,7 @@ __device__ __forceinline__ uint32_t e4m3x2_codes(float lo, float hi) {
   return d;
 }
 
+// The largest magnitude of four values (fmaxf: a NaN never wins over a number).
 __device__ __forceinline__ float amax4(const float (&v)[4]) {
   return fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 }

@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kThreads) queries_kernel(const IndexerQueryPar
       *reinterpret_cast<uint32_t*>(p.out.codes + e * kIndexDim + 4 * lane) = codes;
       if (lane == 0) *reinterpret_cast<float*>(p.out.scales + e * kIndexerScaleBytes) = exp2_int(ex);
     } else {
-      float amax = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
+      float amax = cuda::amax4(x);
       amax = cuda::group_max<8>(amax);  // a 32-wide block per 8 lanes
       const int ex = e2m1_exponent_of_amax(amax);
       uint32_t codes = 0;

@@ -78,7 +78,7 @@ __device__ __forceinline__ void store_index_key_fp8(uint8_t* page, int B, int t,
 // 64 bytes of e2m1 pairs (element 2i in the low nibble) per key, then 4 UE8M0
 // bytes per key, one per 32-dim block (8 lanes).
 __device__ __forceinline__ void store_index_key_mxfp4(uint8_t* page, int B, int t, int lane, const float (&v)[4]) {
-  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+  float amax = amax4(v);
   amax = group_max<8>(amax);
   const int e = e2m1_exponent_of_amax(amax);
   uint32_t packed = 0;
