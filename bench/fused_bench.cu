@@ -13,10 +13,14 @@
 // (the compressors' worst case). Prefill steps (T = 128, 8192): one chunk of
 // one request from position 0 (an entry every m tokens).
 // Bytes: each kernel's compulsory reads and writes (inputs, outputs, the
-// cache records, the state rows pooled); FLOPs: the arithmetic, for
+// cache records, the pooled state rows of earlier steps: before the
+// sixty-seventh session every pooled row counted); FLOPs: the arithmetic, for
 // reference (all these ops are bandwidth-bound).
 // --stamps: only the C128A entry at one decode token, with its phases
 // (wide_stamps below). --qkv-per-cta N: the q/kv kernel's tokens a CTA.
+// --only TEXT: only the rows whose kernel name contains TEXT (for ncu).
+// --comp-span N: prefill compressors' tokens a CTA (set_compressor_span_tokens;
+// -1: the two kernels); --comp-one-cta: C128A's without clusters.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -245,12 +249,21 @@ Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::Entr
   const int record_bytes = record == dsv4::EntryFormat::kFp8DsMla    ? 584
                            : record == dsv4::EntryFormat::kIndexFp8 ? 132
                                                                           : 68;
+  // Pooled rows that earlier steps wrote are read from the state cache; the
+  // step's own rows come from the projection it reads anyway.
   int entries = 0;
-  for (int t = 0; t < T; ++t) entries += (position(T, t) + 1) % m == 0;
+  double earlier_rows = 0;
+  for (int t = 0; t < T; ++t) {
+    const int64_t pos = position(T, t);
+    if ((pos + 1) % m != 0) continue;
+    ++entries;
+    const int64_t j = (pos + 1) / m - 1, first = m == 4 ? std::max<int64_t>(0, (j - 1) * m) : j * m;
+    earlier_rows += double(std::max<int64_t>(0, (decode_step(T) ? pos : 0) - first));
+  }
   const int pooled = m == 4 ? 8 : 128;
   Case c{name, T, 0, 0, {}};
-  c.bytes = double(T) * (row * 4.0 * 2 + 8 + 12) + double(m) * kc * 4 +
-            double(entries) * (double(pooled) * 2 * cdim * 4 + record_bytes + cdim * 4);
+  c.bytes = double(T) * (row * 4.0 * 2 + 8 + 12) + double(m) * kc * 4 + earlier_rows * 2 * cdim * 4 +
+            double(entries) * (record_bytes + cdim * 4);
   c.flops = double(T) * kc + double(entries) * cdim * (pooled * 20.0 + 10);
   c.make = [=](Instance& in, uint64_t seed) {
     dsv4::CompressorParams p;
@@ -304,9 +317,9 @@ Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::Entr
     p.out = dsv4::KvPagesMut{in.mem.bytes(size_t(out_pages) * o_stride), out_pages, Bo, o_stride};
     p.record = record;
     p.hadamard = cdim == 128;
-    // Decode steps launch as the engine launches them: one kernel.
+    // Steps launch as the engine launches them.
     const auto mode =
-        decode_step(T) ? dsv4::cuda::CompressorLaunch::kOneTokenPerRun : dsv4::cuda::CompressorLaunch::kAny;
+        decode_step(T) ? dsv4::cuda::CompressorLaunch::kOneTokenPerRun : dsv4::cuda::CompressorLaunch::kRuns;
     in.run = [p, mode](cudaStream_t s) { dsv4::cuda::compressor_cuda(p, s, mode); };
   };
   return c;
@@ -344,7 +357,10 @@ double time_calls(Instances& inst, cudaStream_t s, const std::function<void(int)
   });
 }
 
+std::string g_only;  // --only TEXT: the cases whose name contains TEXT
+
 void run_case(const Case& c, cudaStream_t s) {
+  if (c.name.find(g_only) == std::string::npos) return;
   Instances inst = make_instances(c);
   const double us = time_calls(inst, s);
   const double roof = c.bytes / kPeakBytes * 1e6;
@@ -411,12 +427,21 @@ int main(int argc, char** argv) {
     return 0;
   }
   int qkv_per_cta = 0;  // --qkv-per-cta N: force the q/kv kernel's tokens a CTA
+  int comp_span = 0;
+  bool comp_clusters = true;
   for (int a = 1; a < argc; ++a) {
     if (std::string(argv[a]) == "--qkv-per-cta" && a + 1 < argc)
       qkv_per_cta = std::atoi(argv[++a]);
+    else if (std::string(argv[a]) == "--comp-span" && a + 1 < argc)
+      comp_span = std::atoi(argv[++a]);
+    else if (std::string(argv[a]) == "--comp-one-cta")  // C128A's kRuns entries without clusters
+      comp_clusters = false;
+    else if (std::string(argv[a]) == "--only" && a + 1 < argc)
+      g_only = argv[++a];
     else
       sizes = {std::atoi(argv[a])};
   }
+  dsv4::cuda::set_compressor_span_tokens(comp_span, comp_clusters);
   std::printf("%-20s %5s %10s %11s %9s %10s %7s %4s\n", "kernel", "T", "time us", "bytes MB", "GFLOP", "bytes us",
               "ratio", "R");
   for (int T : sizes) {

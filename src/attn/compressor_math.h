@@ -89,6 +89,11 @@ DSV4_HD int64_t slot_of_position(int64_t pos, int m) { return (pos + 1) / m - 1;
 DSV4_HD int64_t pool_first(int64_t j, int m) { return m == 4 ? (j > 0 ? (j - 1) * m : 0) : j * m; }
 DSV4_HD int pool_count(int64_t j, int m) { return int(j * m + m - pool_first(j, m)); }
 
+// Column `off` of a row's gates: g + ape (ape: nullptr when the row holds the sum).
+DSV4_HD float gate(const float* row, const float* ape, int kc, int off) {
+  return ape ? fadd(row[kc + off], ape[off]) : row[kc + off];
+}
+
 // Channel e of slot j from its n pooled rows; rows(i) is row i (position
 // first + i; nullptr: absent) as [a (kc floats) | g + ape (kc floats)].
 // Rows i >= b_from belong to block j and contribute their B half (offset
@@ -96,8 +101,11 @@ DSV4_HD int pool_count(int64_t j, int m) { return int(j * m + m - pool_first(j, 
 // rows, then the weighted sum of their values, each in row order.
 // kBatch rows are loaded before they are used (a GPU thread then has kBatch
 // loads in flight); the arithmetic and its order do not depend on kBatch.
-template <int kBatch, typename Rows>
-DSV4_HD float pool_channel(const Rows& rows, int n, int b_from, int b_off, int kc, int e) {
+// apes(i): nullptr, or the ape row [kc] to add to row i's gates as it is read
+// (a row still in the projection, not yet in the state: the same sum the
+// state row holds, so the same bits).
+template <int kBatch, typename Rows, typename Apes>
+DSV4_HD float pool_channel(const Rows& rows, const Apes& apes, int n, int b_from, int b_off, int kc, int e) {
   const float kNegInf = -std::bit_cast<float>(0x7f800000u);
   float mx = kNegInf;
   for (int i0 = 0; i0 < n; i0 += kBatch) {
@@ -106,7 +114,7 @@ DSV4_POOL_UNROLL
     for (int b = 0; b < kBatch; ++b) {
       const int i = i0 + b;
       const float* r = i < n ? rows(i) : nullptr;
-      g[b] = r ? r[kc + (i >= b_from ? b_off : 0) + e] : kNegInf;  // -inf leaves the max alone
+      g[b] = r ? gate(r, apes(i), kc, (i >= b_from ? b_off : 0) + e) : kNegInf;  // -inf: no max
     }
 DSV4_POOL_UNROLL
     for (int b = 0; b < kBatch; ++b) mx = mx < g[b] ? g[b] : mx;
@@ -122,7 +130,7 @@ DSV4_POOL_UNROLL
       const int off = (i >= b_from ? b_off : 0) + e;
       present[b] = r != nullptr;
       a[b] = r ? r[off] : 0.0f;
-      g[b] = r ? r[kc + off] : 0.0f;
+      g[b] = r ? gate(r, apes(i), kc, off) : 0.0f;
     }
 DSV4_POOL_UNROLL
     for (int b = 0; b < kBatch; ++b) {
@@ -133,6 +141,12 @@ DSV4_POOL_UNROLL
     }
   }
   return fdiv(num, den);
+}
+
+// Every row a state row (its gates hold g + ape already).
+template <int kBatch, typename Rows>
+DSV4_HD float pool_channel(const Rows& rows, int n, int b_from, int b_off, int kc, int e) {
+  return pool_channel<kBatch>(rows, [](int) -> const float* { return nullptr; }, n, b_from, b_off, kc, e);
 }
 
 }  // namespace dsv4::pool

@@ -14,6 +14,10 @@
 //           of its window is from an earlier step. C128A's main entries
 //           (128 rows of 512 channels) run on a cluster of 8 CTAs of 64
 //           channels each instead (rows_entries_wide_kernel).
+//  span (a kRuns step): one kernel, CTAs over spans of tokens as the
+//           entries kernel's, each writing its tokens' rows (every thread a
+//           few float4 pairs in flight) and then pooling their entries, the
+//           rows of this step from the projection (step_row).
 // Each kernel looks its rows, slots and pages up in the step metadata before
 // it waits for the kernel before it (compressor_cuda.h says why it may); at
 // decode these dependent loads were most of a 1-CTA kernel's time.
@@ -24,6 +28,7 @@
 #include <string>
 
 #include "attn/compressor_math.h"
+#include "attn/cuda/block_scan.cuh"
 #include "attn/cuda/device_info.h"
 #include "attn/cuda/fused_common.cuh"
 #include "attn/cuda/hadamard.cuh"
@@ -106,20 +111,41 @@ __device__ __forceinline__ EntryPlan entry_of(const CompressorParams& p, int t) 
   if (e.j < 0) e.page = nullptr;
   return e;
 }
+// Pooled row `r` (position P of token t's run) in a kRuns step: when token
+// t - (pos - P) is the run's token at P and writes this very row, its
+// projection row, whose gates want ape[P % m] added (*ape); otherwise the
+// state row, written by an earlier step.
+__device__ __forceinline__ const float* step_row(const CompressorParams& p, int t, int64_t pos, int run,
+                                                 int64_t P, const float* r, const float** ape) {
+  *ape = nullptr;
+  const int64_t u = t - (pos - P);
+  if (r == nullptr || u < 0 || __ldg(p.token_run + u) != run || __ldg(p.positions + u) != P ||
+      state_row(p, __ldg(p.row_slot + u)) != r)
+    return r;
+  *ape = p.ape + (P % p.ratio) * p.kc();
+  return p.proj + u * p.proj_ld + p.a_col;  // g_col = a_col + kc (compressor_kernels checks)
+}
+
 // finish_dim: the entry's channels when this CTA finishes it (finish_entry's
-// threads get their factors), 0 when it does not.
+// threads get their factors), 0 when it does not. apes_s: nullptr, or (a
+// kRuns step) the rows this step writes are taken from the projection
+// (step_row) and apes_s[i] gets row i's ape row.
 __device__ __forceinline__ EntryPlan plan_entry(const CompressorParams& p, const float* inv_freq, int t,
                                                 const float** rows_s, const float* own, const float* own_s,
-                                                int finish_dim) {
+                                                int finish_dim, const float** apes_s = nullptr) {
   EntryPlan e = entry_of(p, t);
   if (!e.page) return e;
   const int m = p.ratio;
   e.first = pool::pool_first(e.j, m);
   e.n = pool::pool_count(e.j, m);
   const int run = __ldg(p.token_run + t);
+  const int64_t pos = apes_s ? __ldg(p.positions + t) : 0;  // >= every pooled position
   for (int i = threadIdx.x; i < e.n; i += blockDim.x) {
     const float* r = state_row(p, block_table_slot(p.state_table, run, e.first + i));
-    rows_s[i] = r != nullptr && r == own ? own_s : r;
+    if (apes_s)
+      rows_s[i] = step_row(p, t, pos, run, e.first + i, r, &apes_s[i]);
+    else
+      rows_s[i] = r != nullptr && r == own ? own_s : r;
   }
   const int i = int(threadIdx.x), rope0 = rope_thread0(finish_dim);
   if (i >= rope0 && i < finish_dim / 4) rope_quad_factors(e.cs, e.j * m, inv_freq, i - rope0);
@@ -164,15 +190,16 @@ __device__ __forceinline__ void finish_entry(const CompressorParams& p, const En
   }
 }
 
-// Pools and finishes entry e (rows_s ready, CTA of kDim threads).
+// Pools and finishes entry e (rows_s, and apes_s if any, ready; CTA of kDim threads).
 template <int kDim, int kBatch>
 __device__ __forceinline__ void pool_and_finish(const CompressorParams& p, const EntryArgs& args, const EntryPlan& e,
-                                                const float* const* rows_s) {
+                                                const float* const* rows_s, const float* const* apes_s = nullptr) {
   __shared__ __align__(16) float v_s[kDim];
   const int m = p.ratio;
   auto rows = [rows_s](int i) { return rows_s[i]; };
-  v_s[threadIdx.x] =
-      pool::pool_channel<kBatch>(rows, e.n, int(e.j * m - e.first), m == 4 ? kDim : 0, p.kc(), int(threadIdx.x));
+  auto apes = [apes_s](int i) { return apes_s ? apes_s[i] : nullptr; };
+  v_s[threadIdx.x] = pool::pool_channel<kBatch>(rows, apes, e.n, int(e.j * m - e.first), m == 4 ? kDim : 0, p.kc(),
+                                                int(threadIdx.x));
   __syncthreads();
   finish_entry<kDim>(p, args, e, e.cs, v_s);  // e.cs: plan_entry's factors for these dims
 }
@@ -227,6 +254,81 @@ __global__ void __launch_bounds__(kDim)
   pool_and_finish<kDim, kBatch>(p, args, e, rows_s);
 }
 
+// Rows of tokens t0 .. t0 + n - 1 into their state rows dst_s[u] (nullptr:
+// none), their ape rows tape_s[u], by kThreads threads. Each thread loads
+// kRowBatch float4 pairs before it stores any: a store may alias the next
+// load, so a loop of load-then-store would wait a round trip per pair.
+// Only float4s k0 .. k0 + kq - 1 of a and of g (default: all).
+template <int kThreads>
+__device__ __forceinline__ void write_span_rows(const CompressorParams& p, int t0, int n, float* const* dst_s,
+                                                const float* const* tape_s, int k0 = 0, int kq = 0) {
+  constexpr int kRowBatch = 2;
+  if (kq == 0) kq = p.kc() / 4;
+  const int items = n * kq;  // float4s of a (and of g) the span's rows
+  for (int i0 = int(threadIdx.x); i0 < items; i0 += kRowBatch * kThreads) {
+    float4 a[kRowBatch], ge[kRowBatch];
+#pragma unroll
+    for (int b = 0; b < kRowBatch; ++b) {
+      const int i = i0 + b * kThreads, u = i / kq, k = k0 + i % kq;
+      if (i >= items) break;
+      const float* x = p.proj + int64_t(t0 + u) * p.proj_ld;
+      a[b] = *reinterpret_cast<const float4*>(x + p.a_col + 4 * k);
+      const float4 g = *reinterpret_cast<const float4*>(x + p.g_col + 4 * k);
+      const float4 e = __ldg(reinterpret_cast<const float4*>(tape_s[u]) + k);
+      ge[b] = make_float4(__fadd_rn(g.x, e.x), __fadd_rn(g.y, e.y), __fadd_rn(g.z, e.z), __fadd_rn(g.w, e.w));
+    }
+#pragma unroll
+    for (int b = 0; b < kRowBatch; ++b) {
+      const int i = i0 + b * kThreads, u = i / kq, k = k0 + i % kq;
+      if (i >= items) break;
+      if (float* row = dst_s[u]) {
+        reinterpret_cast<float4*>(row)[k] = a[b];
+        reinterpret_cast<float4*>(row + p.kc())[k] = ge[b];
+      }
+    }
+  }
+}
+
+// Rows and entries in one kernel for a kRuns step (compressor_cuda.h): CTA
+// b writes the rows of tokens [span b, span (b + 1)) and pools the entries
+// they complete, reading every pooled row the step writes from the
+// projection (step_row), so no CTA waits for another's rows and the rows
+// come from HBM once (the two kernels of kAny read them back from the state
+// cache: 1.5 times the bytes at m = 4).
+// (m = 4: at least 1,024 threads an SM, 64 registers a thread; m = 128's
+// batches of 32 rows want more.)
+template <int kDim, int kBatch>
+__global__ void __launch_bounds__(kDim, kBatch <= 8 ? 1024 / kDim : 1)
+    span_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args, int span) {
+  __shared__ const float* rows_s[kMaxPooledRows];
+  __shared__ const float* apes_s[kMaxPooledRows];
+  __shared__ float* dst_s[kDim];         // the span's state rows (span <= kDim)
+  __shared__ const float* tape_s[kDim];  // and their ape rows
+  __shared__ int list_s[kDim];           // the span's tokens that complete an entry
+  __shared__ int count_s;
+  // The metadata, before the wait: rows, the list, the first entry's plan.
+  if (threadIdx.x == 0) count_s = 0;
+  __syncthreads();
+  const int t0 = int(blockIdx.x) * span, n = min(span, p.num_tokens - t0), u = int(threadIdx.x);
+  if (u < n) {
+    dst_s[u] = state_row(p, __ldg(p.row_slot + t0 + u));
+    tape_s[u] = ape_row(p, t0 + u);
+    if (entry_of(p, t0 + u).page) list_s[atomicAdd(&count_s, 1)] = t0 + u;
+  }
+  __syncthreads();
+  const int count = count_s;  // entries are independent: their order does not matter
+  EntryPlan e;
+  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], rows_s, nullptr, nullptr, kDim, apes_s);
+  pdl_start();  // pdl.cuh: launched with pdl_launch
+  write_span_rows<kDim>(p, t0, n, dst_s, tape_s);
+  for (int k = 0; k < count; ++k) {
+    // rows_s, apes_s: every thread read the last entry's before pool_and_finish's barrier.
+    if (k > 0) e = plan_entry(p, args.rope.inv_freq, list_s[k], rows_s, nullptr, nullptr, kDim, apes_s);
+    __syncthreads();
+    pool_and_finish<kDim, kBatch>(p, args, e, rows_s, apes_s);
+  }
+}
+
 // C128A's main entry at decode on a cluster of kWideSplit CTAs. One CTA of
 // 512 threads pooling 128 rows took about 35 us (fused_bench, compressor
 // c128a: 768 KB of state reads and 65,536 exp_f32 on one SM), and at a block
@@ -254,6 +356,80 @@ static_assert(kWideThreads >= kKvDim / 4 && kWideCh % 4 == 0 && kWideThreads % k
 // the result is the largest non-NaN value, except that a tie of +0 and -0
 // may keep either zero, and then g - m and so every weight is the same.
 __device__ __forceinline__ float max_step(float m, float g) { return m < g ? g : m; }
+
+// The maximum and the weights of each channel of a staged slice (its rows'
+// gates replaced by exp(g - max)): thread (part, c) takes channel c of rows
+// part * kWidePartRows .., its gates kept in registers between the two.
+// Every thread of the CTA calls it; it ends with a barrier.
+template <typename Stamp>
+__device__ __forceinline__ void wide_weights(float* stage, float (&mx_s)[kWideParts][kWideCh], const Stamp& stamp) {
+  const float kNegInf = -__int_as_float(0x7f800000);
+  const int tid = int(threadIdx.x), c = tid % kWideCh, part = tid / kWideCh;
+  float* g_at = stage + part * kWidePartRows * kWideRowFloats + kWideCh + c;
+  float g[kWidePartRows], m[4] = {kNegInf, kNegInf, kNegInf, kNegInf};
+#pragma unroll
+  for (int u = 0; u < kWidePartRows; ++u) {
+    g[u] = g_at[u * kWideRowFloats];
+    m[u % 4] = max_step(m[u % 4], g[u]);
+  }
+  mx_s[part][c] = max_step(max_step(m[0], m[1]), max_step(m[2], m[3]));
+  __syncthreads();
+  stamp(3);
+  float mx = kNegInf;
+#pragma unroll
+  for (int k = 0; k < kWideParts; ++k) mx = max_step(mx, mx_s[k][c]);
+#pragma unroll
+  for (int u = 0; u < kWidePartRows; ++u) g_at[u * kWideRowFloats] = pool::exp_f32(pool::fsub(g[u], mx));
+  __syncthreads();
+  stamp(4);
+}
+
+// pool_channel's sums of the slice's channels, in row order, into rank 0's
+// v_s (threads 0 .. kWideCh - 1; the cluster's CTAs must have started).
+__device__ __forceinline__ void wide_sums_to_rank0(const float* stage, float* v_s, int c0) {
+  const int tid = int(threadIdx.x);
+  if (tid >= kWideCh) return;
+  float den = 0.0f, num = 0.0f;
+#pragma unroll 16
+  for (int i = 0; i < kMaxPooledRows; ++i) {
+    const float w = stage[i * kWideRowFloats + kWideCh + tid];
+    den = pool::fadd(den, w);
+    num = pool::fadd(num, pool::fmul(w, stage[i * kWideRowFloats + tid]));
+  }
+  st_cluster_f32(map_to_cta(smem_u32(&v_s[c0 + tid]), 0), pool::fdiv(num, den));
+}
+
+// Entry e's pooled rows, channels c0 .. c0 + kWideCh - 1 of a and of g, into
+// the stage (all loads in flight before any store): rows_s[i] a state row,
+// or with apes_s[i] a projection row whose gates get the ape row added. An
+// absent row is staged as a = 0, g = -inf (see rows_entries_wide_kernel).
+__device__ __forceinline__ void stage_slices(const CompressorParams& p, const EntryPlan& e,
+                                             const float* const* rows_s, const float* const* apes_s, float* stage,
+                                             int c0) {
+  constexpr int kQuads = kWideRowFloats / 4, kPer = kMaxPooledRows * kQuads / kWideThreads;
+  const float kNegInf = -__int_as_float(0x7f800000);
+  const int tid = int(threadIdx.x), q = tid % kQuads, half = q / (kWideCh / 4), col = c0 + 4 * (q % (kWideCh / 4));
+  float4 v[kPer];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int i = tid / kQuads + u * (kWideThreads / kQuads);
+    const float* r = i < e.n ? rows_s[i] : nullptr;
+    if (r == nullptr) {
+      v[u] = half ? make_float4(kNegInf, kNegInf, kNegInf, kNegInf) : make_float4(0.f, 0.f, 0.f, 0.f);
+      continue;
+    }
+    v[u] = *reinterpret_cast<const float4*>(r + half * p.kc() + col);
+    const float* ape = apes_s[i];
+    if (half && ape) {
+      const float4 a4 = __ldg(reinterpret_cast<const float4*>(ape + col));
+      v[u] = make_float4(__fadd_rn(v[u].x, a4.x), __fadd_rn(v[u].y, a4.y), __fadd_rn(v[u].z, a4.z),
+                         __fadd_rn(v[u].w, a4.w));
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kPer; ++u)
+    reinterpret_cast<float4*>(stage + (tid / kQuads + u * (kWideThreads / kQuads)) * kWideRowFloats)[q] = v[u];
+}
 
 // kStamps: the diagnostics instantiation (set_compressor_wide_stamps).
 template <bool kStamps>
@@ -322,43 +498,67 @@ __global__ void __launch_bounds__(kWideThreads)
   }
   __syncthreads();
   stamp(2);
-  // The maximum and the weights: thread (part, c) takes channel c of rows
-  // part * kWidePartRows .., its gates kept in registers between the two.
-  const int c = tid % kWideCh, part = tid / kWideCh;
-  float* g_at = stage + part * kWidePartRows * kWideRowFloats + kWideCh + c;
-  float g[kWidePartRows], m[4] = {kNegInf, kNegInf, kNegInf, kNegInf};
-#pragma unroll
-  for (int u = 0; u < kWidePartRows; ++u) {
-    g[u] = g_at[u * kWideRowFloats];
-    m[u % 4] = max_step(m[u % 4], g[u]);
-  }
-  mx_s[part][c] = max_step(max_step(m[0], m[1]), max_step(m[2], m[3]));
-  __syncthreads();
-  stamp(3);
-  float mx = kNegInf;
-#pragma unroll
-  for (int k = 0; k < kWideParts; ++k) mx = max_step(mx, mx_s[k][c]);
-#pragma unroll
-  for (int u = 0; u < kWidePartRows; ++u) g_at[u * kWideRowFloats] = pool::exp_f32(pool::fsub(g[u], mx));
-  __syncthreads();
-  stamp(4);
+  wide_weights(stage, mx_s, stamp);
   cluster_wait();  // every CTA of the cluster has started
   stamp(5);
-  if (tid < kWideCh) {  // pool_channel's sums, in row order
-    float den = 0.0f, num = 0.0f;
-#pragma unroll 16
-    for (int i = 0; i < kMaxPooledRows; ++i) {
-      const float w = stage[i * kWideRowFloats + kWideCh + tid];
-      den = pool::fadd(den, w);
-      num = pool::fadd(num, pool::fmul(w, stage[i * kWideRowFloats + tid]));
-    }
-    st_cluster_f32(map_to_cta(smem_u32(&v_s[c0 + tid]), 0), pool::fdiv(num, den));
-  }
+  wide_sums_to_rank0(stage, v_s, c0);
   stamp(6);
   cluster_sync();  // rank 0's v_s is whole (release / acquire at cluster scope)
   stamp(7);
   if (rank == 0) finish_entry<kKvDim>(p, args, e, e.cs, v_s);
   stamp(8);
+}
+
+// C128A's main entries of a kRuns step (a prefill chunk: 64 entries in
+// 8,192 tokens, each 128 rows of 512 channels, which one CTA pools in about
+// 35 us) on clusters as the decode kernel's: cluster b writes the rows of
+// tokens [span b, span (b + 1)) (CTA `rank` channels rank * 64 .. + 63 of
+// each), then pools the entries they complete one after another, in token
+// order (every CTA of the cluster builds the same list), each row of this
+// step from the projection (step_row).
+__global__ void __launch_bounds__(kWideThreads)
+    span_wide_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args, int span) {
+  extern __shared__ __align__(16) float stage[];  // [row][kWideRowFloats]
+  __shared__ const float* rows_s[kMaxPooledRows];
+  __shared__ const float* apes_s[kMaxPooledRows];
+  __shared__ float* dst_s[kWideThreads];  // the span's state rows (span <= kWideThreads)
+  __shared__ const float* tape_s[kWideThreads];
+  __shared__ int list_s[kWideThreads];  // the span's tokens that complete an entry, in order
+  __shared__ __align__(16) float v_s[kKvDim];
+  __shared__ float mx_s[kWideParts][kWideCh];
+  const int tid = int(threadIdx.x), rank = int(blockIdx.x) % kWideSplit;
+  const int t0 = int(blockIdx.x) / kWideSplit * span, n = min(span, p.num_tokens - t0), c0 = rank * kWideCh;
+  // The metadata, before the wait: rows, the list, the first entry's plan.
+  const bool completes = tid < n && entry_of(p, t0 + tid).page;
+  if (tid < n) {
+    dst_s[tid] = state_row(p, __ldg(p.row_slot + t0 + tid));
+    tape_s[tid] = ape_row(p, t0 + tid);
+  }
+  int count = 0;
+  const int at = block_exclusive_scan<kWideThreads>(int(completes), &count);
+  if (completes) list_s[at] = t0 + tid;
+  __syncthreads();
+  EntryPlan e;
+  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], rows_s, nullptr, nullptr, rank == 0 ? kKvDim : 0, apes_s);
+  __syncthreads();  // rows_s, apes_s
+  pdl_start();      // pdl.cuh: launched with pdl_launch_clustered
+  write_span_rows<kWideThreads>(p, t0, n, dst_s, tape_s, c0 / 4, kWideCh / 4);
+  if (count == 0) return;  // the same for the whole cluster
+  cluster_arrive_relaxed();  // this CTA has started: rank 0 waits for all before its v_s is written
+  for (int k = 0; k < count; ++k) {
+    if (k > 0) {
+      cluster_sync();  // the last entry is done on every CTA: stage, rows_s and rank 0's v_s are free
+      e = plan_entry(p, args.rope.inv_freq, list_s[k], rows_s, nullptr, nullptr, rank == 0 ? kKvDim : 0, apes_s);
+      __syncthreads();
+    }
+    stage_slices(p, e, rows_s, apes_s, stage, c0);
+    __syncthreads();
+    wide_weights(stage, mx_s, [](int) {});
+    if (k == 0) cluster_wait();  // every CTA of the cluster has started
+    wide_sums_to_rank0(stage, v_s, c0);
+    cluster_sync();  // rank 0's v_s is whole (release / acquire at cluster scope)
+    if (rank == 0) finish_entry<kKvDim>(p, args, e, e.cs, v_s);
+  }
 }
 
 unsigned long long* g_wide_stamps = nullptr;  // set_compressor_wide_stamps
@@ -400,24 +600,72 @@ void launch_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* 
                        dim3(kWideSplit), p, args, g_wide_stamps);
 }
 
+// Calls f.template operator()<kDim, kBatch>() for the call's c and m
+// (m = 128 pools 128 rows: batches of 32 loads a thread; m = 4: 8).
+template <typename F>
+void with_shape(const CompressorParams& p, F&& f) {
+  const bool wide = p.ratio == 128;
+  if (p.dim == kKvDim)
+    wide ? f.template operator()<kKvDim, 32>() : f.template operator()<kKvDim, 8>();
+  else
+    wide ? f.template operator()<kIndexDim, 32>() : f.template operator()<kIndexDim, 8>();
+}
+
 template <bool kFused>
 void launch_entries_for(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
-  const bool wide = p.ratio == 128;  // 128 pooled rows
-  if (kFused && p.dim == kKvDim && wide && p.kc() == kKvDim)
+  if (kFused && p.dim == kKvDim && p.ratio == 128 && p.kc() == kKvDim)  // 128 pooled rows of 512 channels
     launch_wide(p, args, stream);
-  else if (p.dim == kKvDim && wide)
-    launch_entries<kFused, kKvDim, 32>(p, args, stream);
-  else if (p.dim == kKvDim)
-    launch_entries<kFused, kKvDim, 8>(p, args, stream);
-  else if (wide)
-    launch_entries<kFused, kIndexDim, 32>(p, args, stream);
   else
-    launch_entries<kFused, kIndexDim, 8>(p, args, stream);
+    with_shape(p, [&]<int kDim, int kBatch>() { launch_entries<kFused, kDim, kBatch>(p, args, stream); });
+}
+
+int g_span_tokens = 0;        // set_compressor_span_tokens
+bool g_span_clusters = true;  // set_compressor_span_tokens
+
+// span_wide_kernel over spans that give about one wave of resident clusters.
+void launch_span_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
+  static const cudaError_t raised = cudaFuncSetAttribute(
+      span_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWideSmemBytes));
+  cuda_check(raised, "compressor (cuda): the span cluster kernel's shared memory");
+  static const int wave = [] {
+    int per_sm = 0;
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, span_wide_kernel, kWideThreads, kWideSmemBytes),
+               "compressor (cuda): occupancy");
+    return std::max(1, device_sm_count() * per_sm / kWideSplit);
+  }();
+  const int T = p.num_tokens;
+  const int span = std::min(kWideThreads, g_span_tokens > 0 ? g_span_tokens : std::max(1, (T + wave - 1) / wave));
+  pdl_launch_clustered(span_wide_kernel, dim3(unsigned((T + span - 1) / span) * kWideSplit), dim3(kWideThreads),
+                       kWideSmemBytes, stream, dim3(kWideSplit), p, args, span);
+}
+
+// span_kernel over spans that give about one wave of resident CTAs (C128A's
+// main entries on clusters).
+void launch_span(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
+  if (g_span_clusters && p.dim == kKvDim && p.ratio == 128) return launch_span_wide(p, args, stream);
+  with_shape(p, [&]<int kDim, int kBatch>() {
+    static const int wave = resident_ctas(span_kernel<kDim, kBatch>, kDim);
+    const int T = p.num_tokens;
+    const int span = std::min(kDim, g_span_tokens > 0 ? g_span_tokens : std::max(1, (T + wave - 1) / wave));
+    pdl_launch(span_kernel<kDim, kBatch>, unsigned((T + span - 1) / span), kDim, 0, stream, p, args, span);
+  });
 }
 
 }  // namespace
 
 void set_compressor_wide_stamps(unsigned long long* stamps) { g_wide_stamps = stamps; }
+void set_compressor_span_tokens(int tokens, bool clusters) {
+  g_span_tokens = tokens;
+  g_span_clusters = clusters;
+}
+
+int compressor_kernels(const CompressorParams& p, CompressorLaunch mode) {
+  if (p.num_tokens == 0) return 0;
+  if (mode == CompressorLaunch::kOneTokenPerRun) return 1;
+  // span_kernel takes a row as [a | g] at the projection's a column.
+  const bool span = mode == CompressorLaunch::kRuns && g_span_tokens >= 0 && p.g_col == p.a_col + p.kc();
+  return span ? 1 : 2;
+}
 
 void check_compressor_cuda_params(const CompressorParams& p) {
   check_compressor_params(p);
@@ -441,6 +689,11 @@ void compressor_cuda(const CompressorParams& p, CUstream_st* stream, CompressorL
   if (mode == CompressorLaunch::kOneTokenPerRun) {
     launch_entries_for<true>(p, args, stream);
     cuda_check(cudaGetLastError(), "compressor (cuda): rows + entries launch");
+    return;
+  }
+  if (compressor_kernels(p, mode) == 1) {
+    launch_span(p, args, stream);
+    cuda_check(cudaGetLastError(), "compressor (cuda): span launch");
     return;
   }
   pdl_launch(state_rows_kernel, unsigned(p.num_tokens), kRowThreads, 0, stream, p);

@@ -9,8 +9,12 @@
 //      the fp8_ds_mla or indexer-key record.
 // With kOneTokenPerRun (a decode step) one kernel does both: a token's window
 // then holds no row of another token of the step, so its CTA writes its own
-// row and pools it at once. The result is the same bits; the caller vouches
-// for the condition (else a window could read a row another CTA is writing).
+// row and pools it at once. With kRuns (any step the engine plans) one kernel
+// does both too: each pooled row the step writes is read from the
+// projection of the token that writes it (found by position in its run)
+// instead of the state cache, so no CTA waits for another's rows. The result
+// is the same bits; the caller vouches for the condition (else a window could
+// read a row another CTA is writing).
 // compress_cpu (attn/cpu/compress_cpu.h) is the CPU twin: same params, same
 // bits (see fused_common.cuh for the two rare exceptions). Production
 // numerics only (bf16_rounding), no kF32 records.
@@ -31,9 +35,17 @@ namespace dsv4::cuda {
 enum class CompressorLaunch {
   kAny,             // any step: rows, then entries
   kOneTokenPerRun,  // every run has at most one token in the step: one kernel
+  // Every state row the step writes is written by the token of its run at
+  // its position, and a run's tokens are consecutive in the step at
+  // consecutive positions (tokens that write no row may sit anywhere): one
+  // kernel, when proj holds g right after a (g_col = a_col + k*c).
+  kRuns,
 };
 
 void compressor_cuda(const CompressorParams& p, CUstream_st* stream, CompressorLaunch mode = CompressorLaunch::kAny);
+
+// Kernels compressor_cuda launches for p in `mode` (0, 1 or 2).
+int compressor_kernels(const CompressorParams& p, CompressorLaunch mode);
 
 // The checks compressor_cuda runs first (check_compressor_params plus the
 // GPU's own); throws Error naming the problem.
@@ -50,5 +62,10 @@ inline constexpr int kWideStampCount = 9;
 inline constexpr const char* kWideStampNames[kWideStampCount] = {
     "entry", "waited", "staged", "maxima", "weights", "cluster waited", "sums sent", "gathered", "done"};
 void set_compressor_wide_stamps(unsigned long long* stamps);
+// Diagnostics (fused_bench --comp-span): tokens a CTA (or cluster) of the
+// kRuns kernel (0: the launcher's rule, about one wave; capped at c and at
+// 256), or, below 0, kRuns launches the two kernels of kAny; clusters =
+// false: C128A's main entries on the one-CTA kRuns kernel.
+void set_compressor_span_tokens(int tokens, bool clusters = true);
 
 }  // namespace dsv4::cuda

@@ -6,7 +6,10 @@
 // chunks that end inside a compression window (rows of an earlier step in the
 // state cache), prompts shorter than one block, C4A slot 0, positions at the
 // end of the 1M context, caches past 2 GiB and, for C128A's decode cluster
-// kernel, maxima that tie +0 and -0 and a block end without state pages. compress_cpu itself is checked
+// kernel, maxima that tie +0 and -0 and a block end without state pages; each
+// step also as a kRuns step (one kernel pooling the step's rows from the
+// projection) with spans of 1, 3, 7 and the most tokens a CTA, asserting
+// which launch ran. compress_cpu itself is checked
 // against the direct formula of SPEC §4.3 in double precision, and the shared
 // exp_f32 for accuracy and host/device identity. Device tests skip without a
 // CUDA device.
@@ -62,6 +65,10 @@ struct CompSpec {
   // are negative too) while its entries have slots: nothing may be read or
   // written for its rows; its records (pools of no rows) are not compared.
   int unmapped_run = -1;
+  int gap = 16;     // proj columns between a and g (0: g right after a, as the engine lays them out)
+  int kernels = 0;  // > 0: the launches compressor_kernels must report
+  int span = 0;     // set_compressor_span_tokens during the call
+  bool clusters = true;
 };
 
 int state_entries_per_page(int m) { return m == 4 ? 4 : 128; }  // the state groups' pages
@@ -210,7 +217,7 @@ CompCase make_case(const CompSpec& s) {
   }
 
   // Tokens: the runs in order, then two padding tokens (slots -1; slots past the capacities).
-  k.g_col = k.a_col + k.kc + 16;
+  k.g_col = k.a_col + k.kc + s.gap;
   k.proj_ld = k.g_col + k.kc + 12;
   k.ape = random_normal(rng, size_t(m) * size_t(k.kc), 0.0f, 0.5f);
   k.norm = random_norm_weight(rng, size_t(c));
@@ -323,8 +330,12 @@ void run_compressor(const CompSpec& spec) {
   if (!spec.big) d_out.upload(k.out.data(), k.out.size());
   const CompressorParams dp = k.params(d_proj.get(), d_ape.get(), d_norm.get(), d_pos.get(), d_run.get(), d_row.get(),
                                        d_entry.get(), d_pages.get(), d_first.get(), d_state.get(), d_out.get());
+  cuda::set_compressor_span_tokens(spec.span, spec.clusters);
+  const int kernels = cuda::compressor_kernels(dp, spec.launch);
   cuda::compressor_cuda(dp, nullptr, spec.launch);
+  cuda::set_compressor_span_tokens(0);
   sync_and_check("compressor_cuda");
+  if (spec.kernels > 0) ASSERT_EQ(kernels, spec.kernels) << "not the launch the test asks for";
   const std::vector<uint8_t> state_got = d_state.download(), out_got = d_out.download();
 
   // Entries where rounding may differ (fused_support.cuh): close, then taken as they are.
@@ -482,6 +493,85 @@ TEST_F(Compressor, WideStampsLeaveTheEntryAlone) {
 }
 TEST_F(Compressor, C4ADecodeCachesPast2GiB) {
   run_compressor({4, 512, EntryFormat::kFp8DsMla, false, {{7, 1}, {1048575, 1}}, true, 75, kOneToken});
+}
+
+// kRuns steps (what the engine launches for any step with a run of several
+// tokens): one kernel whose CTAs pool the step's rows from the projection
+// (g right after a). The runs of the kAny tests, and spans that cut windows
+// and runs anywhere: 1 token a CTA, 3, 7, the largest; -1 (the two kernels)
+// and a layout with a gap between a and g fall back to kAny's kernels.
+CompSpec runs_spec(int m, int c, EntryFormat record, std::vector<RunSpec> runs, uint64_t seed, int span = 0) {
+  CompSpec spec{m, c, record, c == 128, std::move(runs), false, seed, cuda::CompressorLaunch::kRuns};
+  spec.gap = 0;
+  spec.kernels = span < 0 ? 2 : 1;
+  spec.span = span;
+  return spec;
+}
+TEST_F(Compressor, C4AMainRuns) { run_compressor(runs_spec(4, 512, EntryFormat::kFp8DsMla, c4a_runs(), 81)); }
+TEST_F(Compressor, C4AIndexerFp8KeysRuns) {
+  run_compressor(runs_spec(4, 128, EntryFormat::kIndexFp8, c4a_runs(), 82));
+}
+TEST_F(Compressor, C4AIndexerMxfp4KeysRuns) {
+  run_compressor(runs_spec(4, 128, EntryFormat::kIndexMxfp4, c4a_runs(), 83));
+}
+TEST_F(Compressor, C128AMainRuns) { run_compressor(runs_spec(128, 512, EntryFormat::kFp8DsMla, c128a_runs(), 84)); }
+TEST_F(Compressor, C4APrefillChunkRuns) {
+  run_compressor(runs_spec(4, 512, EntryFormat::kFp8DsMla, {{4096, 2048}, {37, 515}}, 85));
+}
+TEST_F(Compressor, C4AIndexerLongChunkRuns) {
+  run_compressor(runs_spec(4, 128, EntryFormat::kIndexMxfp4, {{4096, 8200}, {37, 515}}, 86));
+}
+TEST_F(Compressor, C128APrefillChunkRuns) {
+  run_compressor(runs_spec(128, 512, EntryFormat::kFp8DsMla, {{0, 1000}, {4000, 700}}, 87));
+}
+TEST_F(Compressor, C4ARunsOneTokenACta) {
+  run_compressor(runs_spec(4, 512, EntryFormat::kFp8DsMla, {{10, 37}, {0, 4}, {1048570, 6}}, 88, 1));
+}
+TEST_F(Compressor, C4AIndexerRunsThreeTokensACta) {
+  run_compressor(runs_spec(4, 128, EntryFormat::kIndexFp8, {{10, 37}, {1, 9}, {1048560, 16}}, 89, 3));
+}
+TEST_F(Compressor, C128ARunsSevenTokensACta) {
+  run_compressor(runs_spec(128, 512, EntryFormat::kFp8DsMla, {{200, 150}, {0, 300}, {1048575, 1}}, 90, 7));
+}
+// C128A's cluster kernel with several entries a cluster (in token order on
+// every CTA), and C128A on the one-CTA kernel.
+TEST_F(Compressor, C128ARunsManyEntriesACluster) {
+  run_compressor(runs_spec(128, 512, EntryFormat::kFp8DsMla, {{0, 256}, {127, 1}, {255, 1}, {1048575, 1}, {383, 1}},
+                           97, 256));
+}
+TEST_F(Compressor, C128ARunsOneCta) {
+  CompSpec spec = runs_spec(128, 512, EntryFormat::kFp8DsMla, {{200, 150}, {0, 300}, {1048575, 1}}, 98, 16);
+  spec.clusters = false;
+  run_compressor(spec);
+}
+TEST_F(Compressor, C4ARunsLargestSpan) {
+  run_compressor(runs_spec(4, 512, EntryFormat::kFp8DsMla, {{4096, 1100}, {37, 515}}, 91, 100000));
+}
+TEST_F(Compressor, C4ARunsTwoKernelsAskedFor) {
+  run_compressor(runs_spec(4, 512, EntryFormat::kFp8DsMla, c4a_runs(), 92, -1));
+}
+TEST_F(Compressor, C4ARunsWithAGapBetweenAAndG) {
+  CompSpec spec = runs_spec(4, 512, EntryFormat::kFp8DsMla, c4a_runs(), 93);
+  spec.gap = 16;
+  spec.kernels = 2;
+  run_compressor(spec);
+}
+TEST_F(Compressor, C4ARunsCachesPast2GiB) {
+  CompSpec spec = runs_spec(4, 512, EntryFormat::kFp8DsMla, {{10, 37}, {1048572, 4}}, 94);
+  spec.big = true;
+  run_compressor(spec);
+}
+TEST_F(Compressor, C128ARunsCachesPast2GiB) {
+  CompSpec spec = runs_spec(128, 512, EntryFormat::kFp8DsMla, {{200, 150}, {1048575, 1}}, 95);
+  spec.big = true;
+  run_compressor(spec);
+}
+// Rows of the step in every pooled window but one unmapped run: nothing of
+// it may be read or written, and the others' records are the CPU's.
+TEST_F(Compressor, C4ARunsWithoutStatePages) {
+  CompSpec spec = runs_spec(4, 512, EntryFormat::kFp8DsMla, {{10, 37}, {100, 20}}, 96);
+  spec.unmapped_run = 1;
+  run_compressor(spec);
 }
 
 TEST_F(Compressor, ZeroTokensLaunchNothing) {
