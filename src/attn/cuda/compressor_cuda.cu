@@ -622,7 +622,19 @@ void launch_entries_for(const CompressorParams& p, const EntryArgs& args, CUstre
 int g_span_tokens = 0;        // set_compressor_span_tokens
 bool g_span_clusters = true;  // set_compressor_span_tokens
 
-// span_wide_kernel over spans that give about one wave of resident clusters.
+// The rule of kRuns steps, from fused_bench on an H100 (sixty-seventh
+// session, BM3-BM5; us, the two kernels in brackets): the C4A indexer's
+// compressor on span_kernel at 4 tokens a CTA from 1,024 tokens (1,024:
+// 8.6 [9.0], 2,048: 9.6 [13.5], 8,192: 27.8 [32.4]; at 128 one a CTA lost,
+// 7.5 [5.0]); C128A's main entries on clusters up to 4,096 tokens, spans of
+// at most 64 (128 tokens: 16.8 [33.7], 1,024: 19.1 [36.9], 4,096: 35.5
+// [45.8]; at 8,192 no span won: 60.2 [58.8]); C4A's main compressor on the
+// two kernels (span_kernel's 512-thread CTAs lost at every size: 8,192
+// tokens 97.7 [93.4] at best).
+constexpr int kIndexSpanFrom = 1024, kIndexSpan = 4, kWideSpanTo = 4096, kWideMaxSpan = 64;
+
+// span_wide_kernel over spans that give about one wave of resident clusters
+// (at most kWideMaxSpan tokens).
 void launch_span_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
   static const cudaError_t raised = cudaFuncSetAttribute(
       span_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWideSmemBytes));
@@ -634,19 +646,22 @@ void launch_span_wide(const CompressorParams& p, const EntryArgs& args, CUstream
     return std::max(1, device_sm_count() * per_sm / kWideSplit);
   }();
   const int T = p.num_tokens;
-  const int span = std::min(kWideThreads, g_span_tokens > 0 ? g_span_tokens : std::max(1, (T + wave - 1) / wave));
+  const int span = g_span_tokens > 0 ? std::min(kWideThreads, g_span_tokens)
+                                     : std::min(kWideMaxSpan, std::max(1, (T + wave - 1) / wave));
   pdl_launch_clustered(span_wide_kernel, dim3(unsigned((T + span - 1) / span) * kWideSplit), dim3(kWideThreads),
                        kWideSmemBytes, stream, dim3(kWideSplit), p, args, span);
 }
 
-// span_kernel over spans that give about one wave of resident CTAs (C128A's
-// main entries on clusters).
+// span_kernel over kIndexSpan tokens a CTA (C4A's indexer) or spans that give
+// about one wave of resident CTAs; C128A's main entries on clusters.
 void launch_span(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
   if (g_span_clusters && p.dim == kKvDim && p.ratio == 128) return launch_span_wide(p, args, stream);
   with_shape(p, [&]<int kDim, int kBatch>() {
     static const int wave = resident_ctas(span_kernel<kDim, kBatch>, kDim);
     const int T = p.num_tokens;
-    const int span = std::min(kDim, g_span_tokens > 0 ? g_span_tokens : std::max(1, (T + wave - 1) / wave));
+    const int span = std::min(kDim, g_span_tokens > 0                ? g_span_tokens
+                                    : kDim == kIndexDim && kBatch == 8 ? kIndexSpan
+                                                                       : std::max(1, (T + wave - 1) / wave));
     pdl_launch(span_kernel<kDim, kBatch>, unsigned((T + span - 1) / span), kDim, 0, stream, p, args, span);
   });
 }
@@ -662,9 +677,12 @@ void set_compressor_span_tokens(int tokens, bool clusters) {
 int compressor_kernels(const CompressorParams& p, CompressorLaunch mode) {
   if (p.num_tokens == 0) return 0;
   if (mode == CompressorLaunch::kOneTokenPerRun) return 1;
-  // span_kernel takes a row as [a | g] at the projection's a column.
-  const bool span = mode == CompressorLaunch::kRuns && g_span_tokens >= 0 && p.g_col == p.a_col + p.kc();
-  return span ? 1 : 2;
+  // The span kernels take a row as [a | g] at the projection's a column.
+  if (mode != CompressorLaunch::kRuns || g_span_tokens < 0 || p.g_col != p.a_col + p.kc()) return 2;
+  if (g_span_tokens > 0) return 1;  // forced
+  const int T = p.num_tokens;
+  const bool index = p.dim == kIndexDim && p.ratio == 4, c128a = p.dim == kKvDim && p.ratio == 128;
+  return (index && T >= kIndexSpanFrom) || (c128a && g_span_clusters && T <= kWideSpanTo) ? 1 : 2;
 }
 
 void check_compressor_cuda_params(const CompressorParams& p) {

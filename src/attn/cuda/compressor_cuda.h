@@ -38,7 +38,9 @@ enum class CompressorLaunch {
   // Every state row the step writes is written by the token of its run at
   // its position, and a run's tokens are consecutive in the step at
   // consecutive positions (tokens that write no row may sit anywhere): one
-  // kernel, when proj holds g right after a (g_col = a_col + k*c).
+  // kernel where it was measured faster (the C4A indexer's compressor from
+  // 1,024 tokens, C128A's up to 4,096), when proj holds g right after a
+  // (g_col = a_col + k*c); else kAny's two.
   kRuns,
 };
 
@@ -62,10 +64,10 @@ inline constexpr int kWideStampCount = 9;
 inline constexpr const char* kWideStampNames[kWideStampCount] = {
     "entry", "waited", "staged", "maxima", "weights", "cluster waited", "sums sent", "gathered", "done"};
 void set_compressor_wide_stamps(unsigned long long* stamps);
-// Diagnostics (fused_bench --comp-span): tokens a CTA (or cluster) of the
-// kRuns kernel (0: the launcher's rule, about one wave; capped at c and at
-// 256), or, below 0, kRuns launches the two kernels of kAny; clusters =
-// false: C128A's main entries on the one-CTA kRuns kernel.
+// Diagnostics (fused_bench --comp-span): above 0, kRuns runs one kernel for
+// every compressor, with that many tokens a CTA (or cluster; capped at c and
+// at 256); 0: the launcher's rule; below 0, kRuns launches kAny's two
+// kernels. clusters = false: C128A's main entries on the one-CTA kernel.
 void set_compressor_span_tokens(int tokens, bool clusters = true);
 
 }  // namespace dsv4::cuda

@@ -8,8 +8,8 @@
 // end of the 1M context, caches past 2 GiB and, for C128A's decode cluster
 // kernel, maxima that tie +0 and -0 and a block end without state pages; each
 // step also as a kRuns step (one kernel pooling the step's rows from the
-// projection) with spans of 1, 3, 7 and the most tokens a CTA, asserting
-// which launch ran. compress_cpu itself is checked
+// projection) under the launcher's rule and with spans of 1, 3, 4, 7 and the
+// most tokens a CTA, asserting which launch ran. compress_cpu itself is checked
 // against the direct formula of SPEC §4.3 in double precision, and the shared
 // exp_f32 for accuracy and host/device identity. Device tests skip without a
 // CUDA device.
@@ -496,81 +496,88 @@ TEST_F(Compressor, C4ADecodeCachesPast2GiB) {
 }
 
 // kRuns steps (what the engine launches for any step with a run of several
-// tokens): one kernel whose CTAs pool the step's rows from the projection
-// (g right after a). The runs of the kAny tests, and spans that cut windows
-// and runs anywhere: 1 token a CTA, 3, 7, the largest; -1 (the two kernels)
-// and a layout with a gap between a and g fall back to kAny's kernels.
-CompSpec runs_spec(int m, int c, EntryFormat record, std::vector<RunSpec> runs, uint64_t seed, int span = 0) {
+// tokens): one kernel whose CTAs pool the step's rows from the projection (g
+// right after a) where the launcher's rule takes it (the C4A indexer's
+// compressor from 1,024 tokens, C128A's up to 4,096), else kAny's two. The
+// runs of the kAny tests under the rule and with spans forced (every
+// compressor then on one kernel): 1 token a CTA, 3, 4, 7, the largest; -1
+// and a layout with a gap between a and g fall back to the two kernels.
+CompSpec runs_spec(int m, int c, EntryFormat record, std::vector<RunSpec> runs, uint64_t seed, int span,
+                   int kernels) {
   CompSpec spec{m, c, record, c == 128, std::move(runs), false, seed, cuda::CompressorLaunch::kRuns};
   spec.gap = 0;
-  spec.kernels = span < 0 ? 2 : 1;
   spec.span = span;
+  spec.kernels = kernels;
   return spec;
 }
-TEST_F(Compressor, C4AMainRuns) { run_compressor(runs_spec(4, 512, EntryFormat::kFp8DsMla, c4a_runs(), 81)); }
+constexpr EntryFormat kMla = EntryFormat::kFp8DsMla;
+TEST_F(Compressor, C4AMainRuns) { run_compressor(runs_spec(4, 512, kMla, c4a_runs(), 81, 4, 1)); }
 TEST_F(Compressor, C4AIndexerFp8KeysRuns) {
-  run_compressor(runs_spec(4, 128, EntryFormat::kIndexFp8, c4a_runs(), 82));
+  run_compressor(runs_spec(4, 128, EntryFormat::kIndexFp8, c4a_runs(), 82, 4, 1));
 }
 TEST_F(Compressor, C4AIndexerMxfp4KeysRuns) {
-  run_compressor(runs_spec(4, 128, EntryFormat::kIndexMxfp4, c4a_runs(), 83));
+  run_compressor(runs_spec(4, 128, EntryFormat::kIndexMxfp4, c4a_runs(), 83, 4, 1));
 }
-TEST_F(Compressor, C128AMainRuns) { run_compressor(runs_spec(128, 512, EntryFormat::kFp8DsMla, c128a_runs(), 84)); }
-TEST_F(Compressor, C4APrefillChunkRuns) {
-  run_compressor(runs_spec(4, 512, EntryFormat::kFp8DsMla, {{4096, 2048}, {37, 515}}, 85));
+TEST_F(Compressor, C128AMainRuns) { run_compressor(runs_spec(128, 512, kMla, c128a_runs(), 84, 0, 1)); }
+TEST_F(Compressor, C4APrefillChunkRuns) {  // the rule: C4A's main compressor on two kernels
+  run_compressor(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}}, 85, 0, 2));
 }
-TEST_F(Compressor, C4AIndexerLongChunkRuns) {
-  run_compressor(runs_spec(4, 128, EntryFormat::kIndexMxfp4, {{4096, 8200}, {37, 515}}, 86));
+TEST_F(Compressor, C4AIndexerLongChunkRuns) {  // the rule: one kernel, 4 tokens a CTA
+  run_compressor(runs_spec(4, 128, EntryFormat::kIndexMxfp4, {{4096, 8200}, {37, 515}}, 86, 0, 1));
 }
-TEST_F(Compressor, C128APrefillChunkRuns) {
-  run_compressor(runs_spec(128, 512, EntryFormat::kFp8DsMla, {{0, 1000}, {4000, 700}}, 87));
+TEST_F(Compressor, C4AIndexerShortStepRuns) {  // the rule: below 1,024 tokens two kernels
+  run_compressor(runs_spec(4, 128, EntryFormat::kIndexMxfp4, c4a_runs(), 99, 0, 2));
+}
+TEST_F(Compressor, C128APrefillChunkRuns) {  // the rule: clusters up to 4,096 tokens
+  run_compressor(runs_spec(128, 512, kMla, {{0, 1000}, {4000, 700}}, 87, 0, 1));
+}
+TEST_F(Compressor, C128ALongChunkRuns) {  // the rule: above 4,096 tokens two kernels
+  run_compressor(runs_spec(128, 512, kMla, {{200, 4100}}, 100, 0, 2));
 }
 TEST_F(Compressor, C4ARunsOneTokenACta) {
-  run_compressor(runs_spec(4, 512, EntryFormat::kFp8DsMla, {{10, 37}, {0, 4}, {1048570, 6}}, 88, 1));
+  run_compressor(runs_spec(4, 512, kMla, {{10, 37}, {0, 4}, {1048570, 6}}, 88, 1, 1));
 }
 TEST_F(Compressor, C4AIndexerRunsThreeTokensACta) {
-  run_compressor(runs_spec(4, 128, EntryFormat::kIndexFp8, {{10, 37}, {1, 9}, {1048560, 16}}, 89, 3));
+  run_compressor(runs_spec(4, 128, EntryFormat::kIndexFp8, {{10, 37}, {1, 9}, {1048560, 16}}, 89, 3, 1));
 }
 TEST_F(Compressor, C128ARunsSevenTokensACta) {
-  run_compressor(runs_spec(128, 512, EntryFormat::kFp8DsMla, {{200, 150}, {0, 300}, {1048575, 1}}, 90, 7));
-}
-// C128A's cluster kernel with several entries a cluster (in token order on
-// every CTA), and C128A on the one-CTA kernel.
-TEST_F(Compressor, C128ARunsManyEntriesACluster) {
-  run_compressor(runs_spec(128, 512, EntryFormat::kFp8DsMla, {{0, 256}, {127, 1}, {255, 1}, {1048575, 1}, {383, 1}},
-                           97, 256));
-}
-TEST_F(Compressor, C128ARunsOneCta) {
-  CompSpec spec = runs_spec(128, 512, EntryFormat::kFp8DsMla, {{200, 150}, {0, 300}, {1048575, 1}}, 98, 16);
-  spec.clusters = false;
-  run_compressor(spec);
+  run_compressor(runs_spec(128, 512, kMla, {{200, 150}, {0, 300}, {1048575, 1}}, 90, 7, 1));
 }
 TEST_F(Compressor, C4ARunsLargestSpan) {
-  run_compressor(runs_spec(4, 512, EntryFormat::kFp8DsMla, {{4096, 1100}, {37, 515}}, 91, 100000));
+  run_compressor(runs_spec(4, 512, kMla, {{4096, 1100}, {37, 515}}, 91, 100000, 1));
 }
-TEST_F(Compressor, C4ARunsTwoKernelsAskedFor) {
-  run_compressor(runs_spec(4, 512, EntryFormat::kFp8DsMla, c4a_runs(), 92, -1));
-}
+TEST_F(Compressor, C4ARunsTwoKernelsAskedFor) { run_compressor(runs_spec(4, 512, kMla, c4a_runs(), 92, -1, 2)); }
 TEST_F(Compressor, C4ARunsWithAGapBetweenAAndG) {
-  CompSpec spec = runs_spec(4, 512, EntryFormat::kFp8DsMla, c4a_runs(), 93);
+  CompSpec spec = runs_spec(4, 512, kMla, c4a_runs(), 93, 4, 2);
   spec.gap = 16;
-  spec.kernels = 2;
   run_compressor(spec);
 }
 TEST_F(Compressor, C4ARunsCachesPast2GiB) {
-  CompSpec spec = runs_spec(4, 512, EntryFormat::kFp8DsMla, {{10, 37}, {1048572, 4}}, 94);
+  CompSpec spec = runs_spec(4, 512, kMla, {{10, 37}, {1048572, 4}}, 94, 4, 1);
   spec.big = true;
   run_compressor(spec);
 }
 TEST_F(Compressor, C128ARunsCachesPast2GiB) {
-  CompSpec spec = runs_spec(128, 512, EntryFormat::kFp8DsMla, {{200, 150}, {1048575, 1}}, 95);
+  CompSpec spec = runs_spec(128, 512, kMla, {{200, 150}, {1048575, 1}}, 95, 0, 1);
   spec.big = true;
   run_compressor(spec);
 }
 // Rows of the step in every pooled window but one unmapped run: nothing of
 // it may be read or written, and the others' records are the CPU's.
 TEST_F(Compressor, C4ARunsWithoutStatePages) {
-  CompSpec spec = runs_spec(4, 512, EntryFormat::kFp8DsMla, {{10, 37}, {100, 20}}, 96);
+  CompSpec spec = runs_spec(4, 512, kMla, {{10, 37}, {100, 20}}, 96, 4, 1);
   spec.unmapped_run = 1;
+  run_compressor(spec);
+}
+// C128A's cluster kernel with several entries a cluster (in token order on
+// every CTA: spans of 256 tokens, two clusters pool 2 and 4 entries), and
+// C128A on the one-CTA kernel.
+TEST_F(Compressor, C128ARunsManyEntriesACluster) {
+  run_compressor(runs_spec(128, 512, kMla, {{0, 256}, {127, 1}, {255, 1}, {1048575, 1}, {383, 1}}, 97, 256, 1));
+}
+TEST_F(Compressor, C128ARunsOneCta) {
+  CompSpec spec = runs_spec(128, 512, kMla, {{200, 150}, {0, 300}, {1048575, 1}}, 98, 16, 1);
+  spec.clusters = false;
   run_compressor(spec);
 }
 
