@@ -20,7 +20,8 @@
 // (wide_stamps below). --qkv-per-cta N: the q/kv kernel's tokens a CTA.
 // --only TEXT: only the rows whose kernel name contains TEXT (for ncu).
 // --comp-span N: prefill compressors' tokens a CTA (set_compressor_span_tokens;
-// -1: the two kernels); --comp-one-cta: C128A's without clusters.
+// -1: the two kernels); --comp-one-cta: with --comp-span N, C128A's on the
+// one-CTA kernel instead of clusters.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -434,7 +435,7 @@ int main(int argc, char** argv) {
       qkv_per_cta = std::atoi(argv[++a]);
     else if (std::string(argv[a]) == "--comp-span" && a + 1 < argc)
       comp_span = std::atoi(argv[++a]);
-    else if (std::string(argv[a]) == "--comp-one-cta")  // C128A's kRuns entries without clusters
+    else if (std::string(argv[a]) == "--comp-one-cta")  // with --comp-span: C128A without clusters
       comp_clusters = false;
     else if (std::string(argv[a]) == "--only" && a + 1 < argc)
       g_only = argv[++a];
