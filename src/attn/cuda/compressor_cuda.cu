@@ -565,9 +565,10 @@ unsigned long long* g_wide_stamps = nullptr;  // set_compressor_wide_stamps
 
 // CTAs of `threads` threads of `kernel` the current device holds at once.
 template <typename Kernel>
-int resident_ctas(Kernel kernel, int threads) {
+int resident_ctas(Kernel kernel, int threads, size_t dynamic_smem = 0) {
   int per_sm = 0;
-  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0), "compressor (cuda): occupancy");
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, dynamic_smem),
+             "compressor (cuda): occupancy");
   return std::max(1, device_sm_count() * per_sm);
 }
 
@@ -639,12 +640,7 @@ void launch_span_wide(const CompressorParams& p, const EntryArgs& args, CUstream
   static const cudaError_t raised = cudaFuncSetAttribute(
       span_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWideSmemBytes));
   cuda_check(raised, "compressor (cuda): the span cluster kernel's shared memory");
-  static const int wave = [] {
-    int per_sm = 0;
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, span_wide_kernel, kWideThreads, kWideSmemBytes),
-               "compressor (cuda): occupancy");
-    return std::max(1, device_sm_count() * per_sm / kWideSplit);
-  }();
+  static const int wave = std::max(1, resident_ctas(span_wide_kernel, kWideThreads, kWideSmemBytes) / kWideSplit);
   const int T = p.num_tokens;
   const int span = g_span_tokens > 0 ? std::min(kWideThreads, g_span_tokens)
                                      : std::min(kWideMaxSpan, std::max(1, (T + wave - 1) / wave));

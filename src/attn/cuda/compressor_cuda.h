@@ -10,11 +10,11 @@
 // With kOneTokenPerRun (a decode step) one kernel does both: a token's window
 // then holds no row of another token of the step, so its CTA writes its own
 // row and pools it at once. With kRuns (any step the engine plans) one kernel
-// does both too: each pooled row the step writes is read from the
-// projection of the token that writes it (found by position in its run)
-// instead of the state cache, so no CTA waits for another's rows. The result
-// is the same bits; the caller vouches for the condition (else a window could
-// read a row another CTA is writing).
+// may do both too, where that measured faster (see kRuns): each pooled row
+// the step writes is read from the projection of the token that writes it
+// (found by position in its run) instead of the state cache, so no CTA waits
+// for another's rows. The result is the same bits; the caller vouches for the
+// condition (else a window could read a row another CTA is writing).
 // compress_cpu (attn/cpu/compress_cpu.h) is the CPU twin: same params, same
 // bits (see fused_common.cuh for the two rare exceptions). Production
 // numerics only (bf16_rounding), no kF32 records.
