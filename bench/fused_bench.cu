@@ -14,8 +14,10 @@
 // one request from position 0 (an entry every m tokens).
 // Bytes: each kernel's compulsory reads and writes (inputs, outputs, the
 // cache records, the pooled state rows of earlier steps: before the
-// sixty-seventh session every pooled row counted); FLOPs: the arithmetic, for
-// reference (all these ops are bandwidth-bound).
+// sixty-seventh session every pooled row counted; the state rows a later
+// token reads: before the sixty-eighth every token's, as the block manager
+// then gave every state block a page); FLOPs: the arithmetic, for reference
+// (all these ops are bandwidth-bound).
 // --stamps: only the C128A entry at one decode token, with its phases
 // (wide_stamps below). --qkv-per-cta N: the q/kv kernel's tokens a CTA.
 // --only TEXT: only the rows whose kernel name contains TEXT (for ncu).
@@ -251,11 +253,15 @@ Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::Entr
                            : record == dsv4::EntryFormat::kIndexFp8 ? 132
                                                                           : 68;
   // Pooled rows that earlier steps wrote are read from the state cache; the
-  // step's own rows come from the projection it reads anyway.
+  // step's own rows come from the projection it reads anyway. A prefill
+  // chunk's state blocks have pages only where a later token reads them
+  // (CacheSpec::needs_page: the blocks from first_live on).
+  const int64_t first_live = decode_step(T) ? 0 : m == 4 ? std::max(0, T / 4 - 1) : T / 128;
   int entries = 0;
-  double earlier_rows = 0;
+  double earlier_rows = 0, kept_rows = 0;
   for (int t = 0; t < T; ++t) {
     const int64_t pos = position(T, t);
+    kept_rows += pos / Bs >= first_live;
     if ((pos + 1) % m != 0) continue;
     ++entries;
     const int64_t j = (pos + 1) / m - 1, first = m == 4 ? std::max<int64_t>(0, (j - 1) * m) : j * m;
@@ -263,7 +269,7 @@ Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::Entr
   }
   const int pooled = m == 4 ? 8 : 128;
   Case c{name, T, 0, 0, {}};
-  c.bytes = double(T) * (row * 4.0 * 2 + 8 + 12) + double(m) * kc * 4 + earlier_rows * 2 * cdim * 4 +
+  c.bytes = double(T) * (row * 4.0 + 8 + 12) + kept_rows * row * 4.0 + double(m) * kc * 4 + earlier_rows * 2 * cdim * 4 +
             double(entries) * (record_bytes + cdim * 4);
   c.flops = double(T) * kc + double(entries) * cdim * (pooled * 20.0 + 10);
   c.make = [=](Instance& in, uint64_t seed) {
@@ -274,7 +280,6 @@ Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::Entr
     p.proj = in.mem.f32(size_t(T) * row, seed);
     p.proj_ld = row;
     p.a_col = 0;
-    p.g_col = kc;
     p.ape = in.mem.f32(size_t(m) * kc, seed + 1);
     p.norm = in.mem.f32(size_t(cdim), seed + 2);
     p.rope = &rope();
@@ -300,9 +305,10 @@ Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::Entr
       const int r = decode_step(T) ? t : 0;
       pos[size_t(t)] = position(T, t);
       run[size_t(t)] = r;
-      row_slot[size_t(t)] = int32_t(pages[size_t(r) * size_t(width) + size_t(pos[size_t(t)] / Bs - first[size_t(r)])] *
-                                        int64_t(Bs) +
-                                    pos[size_t(t)] % Bs);
+      const int64_t block = pos[size_t(t)] / Bs;
+      int32_t& page = pages[size_t(r) * size_t(width) + size_t(block - first[size_t(r)])];
+      if (block < first_live) page = -1;  // no page: the entries pool these rows from the projection
+      row_slot[size_t(t)] = page < 0 ? -1 : int32_t(page * int64_t(Bs) + pos[size_t(t)] % Bs);
       entry_slot[size_t(t)] = (pos[size_t(t)] + 1) % m == 0 ? int32_t(next_out++) : -1;
     }
     p.positions = in.mem.upload(pos);

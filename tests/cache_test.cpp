@@ -2,6 +2,8 @@
 // exhaustion, freeing by position, shared pages, memory that follows use.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
 #include <set>
 #include <string>
 #include <utility>
@@ -114,6 +116,79 @@ TEST(BlockManager, CommitFreesWhatNoLaterTokenReads) {
   bm.close_request(1);
   for (CacheGroup g : kAllCacheGroups) EXPECT_EQ(bm.pool(g).used_count(), 0) << cache_group_name(g);
   EXPECT_EQ(bm.bytes_in_use(), 0);
+}
+
+// A state block that a run's own tokens fill and no later token reads gets
+// no page (the compressors pool those rows from the projection): a chunk
+// keeps only the blocks its last entries leave open, whatever its length.
+TEST(BlockManager, StateBlocksOnlyWhereALaterTokenReadsThem) {
+  Caches c(400, 100, 100, 200, 8);
+  BlockManager& bm = c.blocks;
+  bm.open_request(1), bm.open_request(2);
+  bm.reserve(1, 0, 8192);  // ends on a C128A block end: no C128A state left open
+  const BlockTableRef s4 = bm.table(CacheGroup::kC4AState, 1);
+  EXPECT_EQ(s4.first, 2047);  // the next slot (2048) pools blocks 2047 and 2048
+  EXPECT_EQ(s4.pages.size(), 1u);
+  EXPECT_EQ(bm.table(CacheGroup::kC128AState, 1).pages.size(), 0u);
+  bm.reserve(2, 0, 8190);  // ends inside a block
+  EXPECT_EQ(bm.table(CacheGroup::kC4AState, 2).first, 2046);
+  EXPECT_EQ(bm.table(CacheGroup::kC4AState, 2).pages.size(), 2u);
+  EXPECT_EQ(bm.table(CacheGroup::kC128AState, 2).first, 63);
+  EXPECT_EQ(bm.table(CacheGroup::kC128AState, 2).pages.size(), 1u);
+  EXPECT_EQ(bm.pool(CacheGroup::kC4AState).used_count(), 3);
+  EXPECT_EQ(bm.pool(CacheGroup::kC128AState).used_count(), 1);
+  // The other groups as before: every SWA block of the chunk, every entry.
+  EXPECT_EQ(bm.table(CacheGroup::kSwa, 2).pages.size(), 128u);
+  EXPECT_EQ(bm.table(CacheGroup::kC4A, 2).pages.size(), 32u);
+  // The next chunk of request 2 keeps the blocks it reads (2046, 2047; 63)
+  // until its commit, and skips its own dead ones.
+  bm.commit(2, 8190);
+  bm.reserve(2, 8190, 300);  // positions 8190..8489: slots 2047..2121
+  const BlockTableRef next = bm.table(CacheGroup::kC4AState, 2);
+  EXPECT_EQ(next.first, 2046);
+  int held = 0;
+  for (int32_t p : next.pages) held += p >= 0;
+  EXPECT_EQ(held, 4);  // 2046, 2047 and the open ones 2121, 2122
+  EXPECT_GE(next.pages[size_t(2122 - next.first)], 0);
+  EXPECT_LT(next.pages[size_t(2100 - next.first)], 0);
+  EXPECT_NO_THROW(bm.slot(CacheGroup::kC128AState, 2, 8191));  // block 63 still pooled by slot 63
+  bm.commit(2, 8490);
+  EXPECT_EQ(bm.table(CacheGroup::kC4AState, 2).first, 2121);
+  EXPECT_EQ(bm.pool(CacheGroup::kC4AState).used_count(), 1 + 2);
+  // Planning the same run twice (nothing committed in between) is no error.
+  EXPECT_NO_THROW(bm.reserve(1, 0, 8192));
+  // A one-token run never skips: its block is the one the next token reads.
+  for (int64_t pos = 0; pos < 20; ++pos)
+    for (CacheGroup g : {CacheGroup::kC4AState, CacheGroup::kC128AState})
+      EXPECT_TRUE(c.spec.needs_page(g, pos / group_entries_per_page(g), pos, 1)) << pos;
+  EXPECT_TRUE(c.spec.needs_page(CacheGroup::kSwa, 3, 0, 8192));
+  EXPECT_FALSE(c.spec.needs_page(CacheGroup::kC4AState, 3, 0, 8192));
+}
+
+// The state pages for_workload sets aside hold any schedule of the
+// workload: random runs of up to `step` tokens a step over `requests`
+// requests never exhaust them.
+TEST(BlockManager, WorkloadLimitsHoldTheStateOfAnySchedule) {
+  const ModelConfig config = preset_config("mini");
+  const CacheSpec spec(config, CacheFormats{});
+  std::mt19937_64 rng(7);
+  for (auto [requests, step] : {std::pair{1, 8192}, {4, 512}, {16, 16}, {16, 2048}, {7, 37}}) {
+    BlockManager bm(spec, CacheLimits::for_workload(spec, requests, 65536, step));
+    std::vector<int64_t> length(size_t(requests), 0);
+    for (int r = 0; r < requests; ++r) bm.open_request(r);
+    for (int s = 0; s < 200; ++s) {
+      int64_t budget = step;
+      std::vector<std::pair<int, int64_t>> runs;
+      for (int r = 0; r < requests && budget > 0; ++r) {
+        const int64_t len = std::min<int64_t>(budget, rng() % 3 == 0 ? 1 : 1 + int64_t(rng() % uint64_t(step)));
+        if (length[size_t(r)] + len > 65536) continue;
+        ASSERT_NO_THROW(bm.reserve(r, length[size_t(r)], int(len)))
+            << requests << " requests, step " << step << ": request " << r << " at " << length[size_t(r)] << " +" << len;
+        runs.emplace_back(r, len), budget -= len;
+      }
+      for (auto [r, len] : runs) bm.commit(r, length[size_t(r)] += len);
+    }
+  }
 }
 
 TEST(BlockManager, ExhaustionFailsOneRequestAndTouchesNoOther) {

@@ -307,12 +307,13 @@ TEST(Cli, RunFailsWhenEveryRequestIsRejected) {
 // preempted, and all are served; one too small for a single token rejects
 // every request with the reason, before any step.
 TEST(Cli, ACacheTooSmallForTheWorkloadServesItInTurn) {
-  const Result r = cli("run --preset mini --device cpu --requests 4 --prompt 200 --gen 2 --cache-memory 4M");
+  // (1.5M-2M of pages preempt here; with 2.5M the requests only wait.)
+  const Result r = cli("run --preset mini --device cpu --requests 8 --prompt 200 --gen 16 --cache-memory 1800K");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(has(r, "cache full: ")) << r.out;
   EXPECT_TRUE(has(r, " preemptions, ")) << r.out;
   EXPECT_FALSE(has(r, "; 0 preemptions")) << r.out;
-  EXPECT_TRUE(has(r, "finished 4 requests, 0 rejected")) << r.out;
+  EXPECT_TRUE(has(r, "finished 8 requests, 0 rejected")) << r.out;
   const Result tiny = cli("run --preset mini --device cpu --requests 2 --prompt 20 --gen 2 --cache-memory 100K");
   expect_user_error(tiny, "every request was rejected (2 rejected; the first: request 0: position 0 needs ");
   EXPECT_TRUE(has(tiny, "bytes of cache, beyond the limit of 102400 (one token a step, the caches to itself): it "

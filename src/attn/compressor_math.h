@@ -89,6 +89,16 @@ DSV4_HD int64_t slot_of_position(int64_t pos, int m) { return (pos + 1) / m - 1;
 DSV4_HD int64_t pool_first(int64_t j, int m) { return m == 4 ? (j > 0 ? (j - 1) * m : 0) : j * m; }
 DSV4_HD int pool_count(int64_t j, int m) { return int(j * m + m - pool_first(j, m)); }
 
+// The token of this step that may hold pooled position P of token t's
+// window (t at position pos >= P): u = t - (pos - P), the one a run of
+// consecutive tokens puts there (u = t: t's own row). When u is in range and
+// of t's run at position P, both backends pool the row from u's projection
+// ([a | g + ape[P % m]], the bits its state row would hold), never from the
+// state cache, so a state block that only this step's tokens fill and no
+// later token reads needs no page (CacheSpec::needs_page); otherwise the
+// row is the state cache's, through the block table.
+DSV4_HD int64_t step_token(int t, int64_t pos, int64_t P) { return int64_t(t) - (pos - P); }
+
 // Column `off` of a row's gates: g + ape (ape: nullptr when the row holds the sum).
 DSV4_HD float gate(const float* row, const float* ape, int kc, int off) {
   return ape ? fadd(row[kc + off], ape[off]) : row[kc + off];

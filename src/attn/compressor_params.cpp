@@ -20,7 +20,7 @@ void check_compressor_params(const CompressorParams& p) {
   DSV4_REQUIRE(p.proj && p.ape && p.norm && p.rope, what + "proj, ape, norm and rope are required");
   DSV4_REQUIRE(p.positions && p.token_run && p.row_slot && p.entry_slot,
           what + "positions, token_run, row_slot and entry_slot are required");
-  DSV4_REQUIRE(p.a_col >= 0 && p.g_col >= 0 && p.proj_ld >= int64_t(std::max(p.a_col, p.g_col)) + p.kc(),
+  DSV4_REQUIRE(p.a_col >= 0 && p.proj_ld >= int64_t(p.g_col()) + p.kc(),
           what + "the a and g columns must lie inside a row of proj (proj_ld " + std::to_string(p.proj_ld) + ")");
   DSV4_REQUIRE(p.state.base && p.state.num_pages > 0 && p.state.entries_per_page > 0, what + "no state pages");
   DSV4_REQUIRE(p.state.page_stride >= sizeof(float) * size_t(p.row_floats()) * size_t(p.state.entries_per_page),

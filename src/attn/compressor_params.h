@@ -6,14 +6,19 @@
 //  1. every token t with row_slot[t] >= 0 writes its state row
 //     [a | g + ape[pos % m]] (2*k*c floats) at state slot row_slot[t];
 //  2. every token t with entry_slot[t] >= 0 completes compressed slot
-//     j = (pos + 1) / m - 1: it pools the state rows of positions
+//     j = (pos + 1) / m - 1: it pools the rows of positions
 //     max(0, (j-1)*m) .. j*m + m - 1 (m = 4) or j*m .. j*m + m - 1 (m = 128),
-//     read through the state block table of its run, then finishes the entry
-//     (bf16, RMSNorm, bf16, RoPE at j*m, bf16, optional Hadamard + bf16) and
-//     writes the record at out slot entry_slot[t].
+//     then finishes the entry (bf16, RMSNorm, bf16, RoPE at j*m, bf16,
+//     optional Hadamard + bf16) and writes the record at out slot
+//     entry_slot[t]. A pooled position that a token of t's run in this step
+//     holds (pool::step_token finds it) is that token's row, built from its
+//     projection whether or not it has a row slot; any other is read through
+//     the state block table of t's run.
 // A slot beyond its cache's capacity writes nothing; a pooled row that the
 // table does not map (or maps beyond the state capacity) is skipped, like
-// the absent block -1 of slot 0.
+// the absent block -1 of slot 0. So a state block that only this step's
+// tokens fill and no later token reads needs no page (the block manager
+// gives it none: CacheSpec::needs_page).
 #include <cstddef>
 #include <cstdint>
 
@@ -31,10 +36,11 @@ struct CompressorParams {
   int dim = 0;    // c: 512 (main) or 128 (indexer)
 
   // Projections, fp32 [T, proj_ld]: a = x wkv^T at columns [a_col, a_col + k*c),
-  // g = x wgate^T at [g_col, g_col + k*c).
+  // g = x wgate^T right after it, at [g_col(), g_col() + k*c): a row of this
+  // step is pooled straight from there (step 2), as a state row [a | g + ape].
   const float* proj = nullptr;
   int64_t proj_ld = 0;
-  int a_col = 0, g_col = 0;
+  int a_col = 0;
   const float* ape = nullptr;   // [m, k*c] fp32, enters the gate only
   const float* norm = nullptr;  // [c] RMSNorm weight
   float eps = 1e-6f;
@@ -59,6 +65,7 @@ struct CompressorParams {
   constexpr int coff() const { return ratio == 4 ? 2 : 1; }
   constexpr int kc() const { return coff() * dim; }
   constexpr int row_floats() const { return 2 * kc(); }
+  constexpr int g_col() const { return a_col + kc(); }
 };
 
 // Throws Error naming the first problem: shapes, null pointers, page

@@ -17,14 +17,17 @@ CacheLimits CacheLimits::for_workload(const CacheSpec& spec, int64_t max_request
   };
   // Per group: what each live request keeps (window pages, compressed
   // history, the state blocks a slot pools) plus what one step's new tokens
-  // add over all its runs.
+  // add over all its runs. State: a request keeps at most 2 C4A blocks and 1
+  // C128A block between steps, and a run gets pages only for the blocks it
+  // leaves live (CacheSpec::needs_page): at most 2 C4A blocks, and at most
+  // one a 4 tokens it brings (so r + step/4 over all runs), and 1 C128A block.
   const int64_t r = max_requests, step = max_step_tokens;
   const std::array<int64_t, kNumCacheGroups> want = {
-      mad(r, 4, ceil_div(step, 64)),                     // swa
-      mad(r, ceil_div(max_context, 256) + 1, 0),         // c4a: one page per 256 tokens
-      mad(r, ceil_div(max_context, 256) + 1, 0),         // c128a
-      mad(r, 3, ceil_div(step, 4)),                      // c4a_state
-      mad(r, 3, ceil_div(step, 128))};                   // c128a_state
+      mad(r, 4, ceil_div(step, 64)),                                    // swa
+      mad(r, ceil_div(max_context, 256) + 1, 0),                        // c4a: one page per 256 tokens
+      mad(r, ceil_div(max_context, 256) + 1, 0),                        // c128a
+      mad(r, 2, std::min(mad(r, 2, 0), mad(r, 1, ceil_div(step, 4)))),  // c4a_state
+      mad(r, 2, 0)};                                                    // c128a_state
   CacheLimits l;
   for (CacheGroup g : kAllCacheGroups) {
     if (!spec.group(g).used) continue;
@@ -144,12 +147,15 @@ void BlockManager::reserve(int64_t id, int64_t start, int len) {
   int64_t new_bytes = 0;
   for (CacheGroup g : kAllCacheGroups) {
     if (!uses(g)) continue;
-    const BlockRange want = spec_.blocks_touched(g, start, len);
+    BlockRange want = spec_.blocks_touched(g, start, len);
+    while (!want.empty() && !spec_.needs_page(g, want.first, start, len)) ++want.first;
     const Table& t = r.tables[size_t(g)];
     if (!want.empty() && !t.pages.empty() && want.first < t.first)
       throw Error("request " + std::to_string(id) + ": block " + std::to_string(want.first) + " of cache '" +
                   std::string(cache_group_name(g)) + "' was already freed");
-    missing_blocks(t, want, missing[size_t(g)]);
+    std::vector<int64_t>& need_pages = missing[size_t(g)];
+    missing_blocks(t, want, need_pages);
+    std::erase_if(need_pages, [&](int64_t b) { return !spec_.needs_page(g, b, start, len); });
     const BlockPool& pool = pools_[size_t(g)];
     const size_t need = missing[size_t(g)].size();
     if (int64_t(need) > pool.free_count())

@@ -108,4 +108,9 @@ int64_t CacheSpec::first_live_block(CacheGroup g, int64_t length) const {
   return 0;
 }
 
+bool CacheSpec::needs_page(CacheGroup g, int64_t block, int64_t start, int64_t len) const {
+  if (g != CacheGroup::kC4AState && g != CacheGroup::kC128AState) return true;
+  return block * group(g).entries_per_page < start || block >= first_live_block(g, start + len);
+}
+
 }  // namespace dsv4

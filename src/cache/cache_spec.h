@@ -110,6 +110,13 @@ class CacheSpec {
   // The first block a request holding `length` tokens can still read: pages
   // below it (SWA pages out of the window, consumed state rows) can go back.
   int64_t first_live_block(CacheGroup g, int64_t length) const;
+  // Whether block `block` of blocks_touched, new to the run (no page held),
+  // needs a page: all do but a compressor state block that the run's own
+  // tokens fill and no later token reads (below first_live_block(start +
+  // len)). The compressors pool a step's own rows from its projection
+  // (attn/compressor_params.h), so those rows would be written, never read:
+  // at a chunk of 8,192 tokens of V4-Flash about 2.4 GB.
+  bool needs_page(CacheGroup g, int64_t block, int64_t start, int64_t len) const;
 
  private:
   int num_layers_ = 0;

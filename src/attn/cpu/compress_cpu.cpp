@@ -63,16 +63,39 @@ float* state_row(const CompressorParams& p, int64_t slot) {
   return reinterpret_cast<float*>(p.state.page(slot / B) + sizeof(float) * size_t(p.row_floats()) * size_t(slot % B));
 }
 
+// Pooled position P of token t's window as a row of this step: the token
+// (pool::step_token) of t's run at P, or -1.
+int step_row_token(const CompressorParams& p, int t, int64_t P) {
+  const int64_t u = pool::step_token(t, p.positions[t], P);
+  return u >= 0 && u < p.num_tokens && p.token_run[u] == p.token_run[t] && p.positions[u] == P ? int(u) : -1;
+}
+
+// compress_pool_cpu with the rows of this step built in `scratch`.
+void pool_entry(const CompressorParams& p, int t, float* v, std::vector<float>& scratch) {
+  const int m = p.ratio, kc = p.kc();
+  const int64_t j = pool::slot_of_position(p.positions[t], m), first = pool::pool_first(j, m);
+  const int n = pool::pool_count(j, m);
+  scratch.resize(size_t(n) * size_t(p.row_floats()));
+  std::vector<const float*> rows(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const int u = step_row_token(p, t, first + i);
+    if (u < 0) {
+      rows[size_t(i)] = state_row(p, block_table_slot(p.state_table, p.token_run[t], first + i));
+      continue;
+    }
+    const float* x = p.proj + size_t(u) * size_t(p.proj_ld);
+    float* row = scratch.data() + size_t(i) * size_t(p.row_floats());
+    compressor_state_row(x + p.a_col, x + p.g_col(), p.ape + size_t((first + i) % m) * size_t(kc), kc, row);
+    rows[size_t(i)] = row;
+  }
+  compressor_pool(rows.data(), j, m, p.dim, v);
+}
+
 }  // namespace
 
 void compress_pool_cpu(const CompressorParams& p, int t, float* v) {
-  const int m = p.ratio;
-  const int64_t j = pool::slot_of_position(p.positions[t], m), first = pool::pool_first(j, m);
-  const int n = pool::pool_count(j, m);
-  std::vector<const float*> rows(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i)
-    rows[size_t(i)] = state_row(p, block_table_slot(p.state_table, p.token_run[t], first + i));
-  compressor_pool(rows.data(), j, m, p.dim, v);
+  std::vector<float> scratch;
+  pool_entry(p, t, v, scratch);
 }
 
 void compress_cpu(const CompressorParams& p) {
@@ -82,15 +105,15 @@ void compress_cpu(const CompressorParams& p) {
     float* row = state_row(p, p.row_slot[t]);
     if (!row) continue;
     const float* x = p.proj + size_t(t) * size_t(p.proj_ld);
-    compressor_state_row(x + p.a_col, x + p.g_col, p.ape + size_t(p.positions[t] % m) * size_t(kc), kc, row);
+    compressor_state_row(x + p.a_col, x + p.g_col(), p.ape + size_t(p.positions[t] % m) * size_t(kc), kc, row);
   }
-  std::vector<float> v(size_t(p.dim));
+  std::vector<float> v(size_t(p.dim)), scratch;
   for (int t = 0; t < T; ++t) {
     const int64_t slot = p.entry_slot[t];
     if (slot < 0 || slot >= p.out.capacity()) continue;
     const int64_t j = pool::slot_of_position(p.positions[t], m);
     if (j < 0) continue;  // no complete block before this position
-    compress_pool_cpu(p, t, v.data());
+    pool_entry(p, t, v.data(), scratch);
     compressor_finish(v.data(), p.dim, p.norm, p.eps, *p.rope, j * m, p.bf16_rounding, p.hadamard);
     const int B = p.out.entries_per_page;
     compressor_encode(p.record, v.data(), p.dim, p.out.page(slot / B), B, int(slot % B));

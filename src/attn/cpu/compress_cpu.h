@@ -38,7 +38,8 @@ void compressor_encode(EntryFormat record, const float* v, int c, uint8_t* page,
 void compress_cpu(const CompressorParams& p);
 
 // Phase 2's pooled vector (before any rounding) of token t, c floats; t must
-// have entry_slot[t] >= 0. Reads the state cache as it is.
+// have entry_slot[t] >= 0. The rows of this step from its projection
+// (pool::step_token), the others from the state cache as it is.
 void compress_pool_cpu(const CompressorParams& p, int t, float* v);
 
 }  // namespace dsv4

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "attn/compressor_math.h"
 #include "common/error.h"
 
 namespace dsv4 {
@@ -19,15 +20,19 @@ std::vector<int> CompressorOp::forward(const StepView& s, const float* x, const 
   float* proj = sized(ws.proj, size_t(T) * 2 * kc);
   wkv_.forward(x, int(w_.wkv.cols), T, proj, 2 * kc, profile_);
   wgate_.forward(x, int(w_.wgate.cols), T, proj + kc, 2 * kc, profile_);
-  // Every row a completed block pools must have a page (the block manager
-  // reserved them); checked here, since compress_cpu skips unmapped rows.
+  // Every row a completed block pools is a row of this step or has a page
+  // (the block manager reserved those); checked here, since compress_cpu
+  // skips unmapped rows.
   std::vector<int> done;
   for (int t = 0; t < T; ++t) {
     if (io.out_slots[t] < 0) continue;
-    const int64_t j = (s.positions[t] + 1) / m - 1;
-    for (int64_t p = m == 4 ? std::max<int64_t>(0, (j - 1) * m) : j * m; p < j * m + m; ++p)
-      DSV4_REQUIRE(block_table_slot(io.state_table, s.token_run[t], p) >= 0,
+    const int64_t j = pool::slot_of_position(s.positions[t], m), first = pool::pool_first(j, m);
+    for (int64_t p = first; p < first + pool::pool_count(j, m); ++p) {
+      const int64_t u = pool::step_token(t, s.positions[t], p);
+      const bool in_step = u >= 0 && s.token_run[u] == s.token_run[t] && s.positions[u] == p;
+      DSV4_REQUIRE(in_step || block_table_slot(io.state_table, s.token_run[t], p) >= 0,
                    "compressor: state row " + std::to_string(p) + " of a pooled block has no page");
+    }
     done.push_back(t);
   }
   const bool prod = profile_ == Profile::kProduction;
@@ -38,7 +43,6 @@ std::vector<int> CompressorOp::forward(const StepView& s, const float* x, const 
   p.proj = proj;
   p.proj_ld = 2 * kc;
   p.a_col = 0;
-  p.g_col = kc;
   p.ape = w_.ape.data();
   p.norm = w_.norm.data();
   p.eps = eps_;

@@ -3,7 +3,8 @@
 //  entries: CTAs of c threads, each over a span of tokens (about one wave
 //           of CTAs in all), pooling the entries its tokens complete one
 //           after another. Thread e pools channel e over the slot's rows (row
-//           pointers looked up once in shared memory); then c/4 threads, 4
+//           pointers looked up once in shared memory; a row of this step
+//           from its projection, compressor_params.h); then c/4 threads, 4
 //           consecutive channels each, finish the entry: bf16, RMSNorm (one
 //           block reduction), bf16, RoPE (pairs are inside a thread), bf16,
 //           Hadamard for the indexer keys (one warp: butterflies of stride
@@ -54,10 +55,17 @@ __device__ __forceinline__ float* state_row(const CompressorParams& p, int64_t s
   return reinterpret_cast<float*>(p.state.page(slot / B) + sizeof(float) * size_t(p.row_floats()) * size_t(slot % B));
 }
 
-// Token t's row, [a | g + ape[pos % m]], written to `row`; nthreads threads
-// from thread 0. Only the float4s k0 .. k1 - 1 of a and of g (default: all).
-// A whole row (the default slice) may also be kept in `keep`, laid out as the
-// row; a caller that writes a slice passes keep = nullptr.
+// a + b channel by channel, each sum rounded to nearest as the CPU twin's
+// (no contraction into a neighbouring multiply can change its bits).
+__device__ __forceinline__ float4 add_rn(float4 a, float4 b) {
+  return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
+// Token t's row, [a | g + ape[pos % m]], written to `row` (nullptr: none);
+// nthreads threads from thread 0. Only the float4s k0 .. k1 - 1 of a and of
+// g (default: all). A whole row (the default slice) may also be kept in
+// `keep`, laid out as the row; a caller that writes a slice passes keep =
+// nullptr.
 __device__ __forceinline__ void write_row(const CompressorParams& p, int t, const float* ape, float* row, float* keep,
                                           int nthreads, int k0 = 0, int k1 = -1) {
   const int kc = p.kc();
@@ -65,11 +73,13 @@ __device__ __forceinline__ void write_row(const CompressorParams& p, int t, cons
   const float* x = p.proj + int64_t(t) * p.proj_ld;
   for (int k = k0 + int(threadIdx.x); k < k1; k += nthreads) {
     const float4 a = *reinterpret_cast<const float4*>(x + p.a_col + 4 * k);
-    const float4 g = *reinterpret_cast<const float4*>(x + p.g_col + 4 * k);
+    const float4 g = *reinterpret_cast<const float4*>(x + p.g_col() + 4 * k);
     const float4 e = __ldg(reinterpret_cast<const float4*>(ape) + k);
-    const float4 ge = make_float4(__fadd_rn(g.x, e.x), __fadd_rn(g.y, e.y), __fadd_rn(g.z, e.z), __fadd_rn(g.w, e.w));
-    reinterpret_cast<float4*>(row)[k] = a;
-    reinterpret_cast<float4*>(row + kc)[k] = ge;
+    const float4 ge = add_rn(g, e);
+    if (row) {
+      reinterpret_cast<float4*>(row)[k] = a;
+      reinterpret_cast<float4*>(row + kc)[k] = ge;
+    }
     if (keep) {
       reinterpret_cast<float4*>(keep)[k] = a;
       reinterpret_cast<float4*>(keep + kc)[k] = ge;
@@ -95,8 +105,8 @@ __global__ void __launch_bounds__(kRowThreads) state_rows_kernel(const Compresso
 __device__ constexpr int rope_thread0(int threads) { return threads / 4 - kRopeDim / 4; }
 
 // The entry token t completes: its record, its pooled rows (rows_s[i],
-// position first + i; the row at `own`, if any, replaced by own_s) and the
-// RoPE factors of the calling thread.
+// position first + i: plan_entry says which) and the RoPE factors of the
+// calling thread.
 struct EntryPlan {
   uint8_t* page = nullptr;  // nullptr: the token completes no entry
   int te = 0, n = 0;
@@ -111,41 +121,42 @@ __device__ __forceinline__ EntryPlan entry_of(const CompressorParams& p, int t) 
   if (e.j < 0) e.page = nullptr;
   return e;
 }
-// Pooled row `r` (position P of token t's run) in a kRuns step: when token
-// t - (pos - P) is the run's token at P and writes this very row, its
-// projection row, whose gates want ape[P % m] added (*ape); otherwise the
-// state row, written by an earlier step.
+// Pooled position P of token t's run (t at position pos): when this step's
+// token pool::step_token holds it, that token's projection row, whose gates
+// want ape[P % m] added (*ape); otherwise `r`, the state row the table maps
+// (written by an earlier step, or nullptr).
 __device__ __forceinline__ const float* step_row(const CompressorParams& p, int t, int64_t pos, int run,
                                                  int64_t P, const float* r, const float** ape) {
   *ape = nullptr;
-  const int64_t u = t - (pos - P);
-  if (r == nullptr || u < 0 || __ldg(p.token_run + u) != run || __ldg(p.positions + u) != P ||
-      state_row(p, __ldg(p.row_slot + u)) != r)
-    return r;
+  const int64_t u = pool::step_token(t, pos, P);
+  if (u < 0 || __ldg(p.token_run + u) != run || __ldg(p.positions + u) != P) return r;
   *ape = p.ape + (P % p.ratio) * p.kc();
-  return p.proj + u * p.proj_ld + p.a_col;  // g_col = a_col + kc (compressor_kernels checks)
+  return p.proj + u * p.proj_ld + p.a_col;  // [a | g]: g_col() = a_col + kc
 }
 
 // finish_dim: the entry's channels when this CTA finishes it (finish_entry's
-// threads get their factors), 0 when it does not. apes_s: nullptr, or (a
-// kRuns step) the rows this step writes are taken from the projection
-// (step_row) and apes_s[i] gets row i's ape row.
+// threads get their factors), 0 when it does not. The rows of this step
+// (compressor_params.h): with apes_s, taken from the projection (step_row)
+// and apes_s[i] gets row i's ape row; else with own_s (one token a run: t's
+// own row, at t's position, is the only one) own_s, t's row as write_row
+// keeps it; else (the wide kernel, which stages t's row itself) the state
+// row the table maps.
 __device__ __forceinline__ EntryPlan plan_entry(const CompressorParams& p, const float* inv_freq, int t,
-                                                const float** rows_s, const float* own, const float* own_s,
-                                                int finish_dim, const float** apes_s = nullptr) {
+                                                const float** rows_s, const float* own_s, int finish_dim,
+                                                const float** apes_s = nullptr) {
   EntryPlan e = entry_of(p, t);
   if (!e.page) return e;
   const int m = p.ratio;
   e.first = pool::pool_first(e.j, m);
   e.n = pool::pool_count(e.j, m);
   const int run = __ldg(p.token_run + t);
-  const int64_t pos = apes_s ? __ldg(p.positions + t) : 0;  // >= every pooled position
+  const int64_t pos = __ldg(p.positions + t);  // >= every pooled position
   for (int i = threadIdx.x; i < e.n; i += blockDim.x) {
     const float* r = state_row(p, block_table_slot(p.state_table, run, e.first + i));
     if (apes_s)
       rows_s[i] = step_row(p, t, pos, run, e.first + i, r, &apes_s[i]);
     else
-      rows_s[i] = r != nullptr && r == own ? own_s : r;
+      rows_s[i] = own_s && e.first + i == pos ? own_s : r;
   }
   const int i = int(threadIdx.x), rope0 = rope_thread0(finish_dim);
   if (i >= rope0 && i < finish_dim / 4) rope_quad_factors(e.cs, e.j * m, inv_freq, i - rope0);
@@ -216,6 +227,7 @@ template <int kDim, int kBatch>
 __global__ void __launch_bounds__(kDim)
     entries_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args, int span) {
   __shared__ const float* rows_s[kMaxPooledRows];
+  __shared__ const float* apes_s[kMaxPooledRows];
   __shared__ int list_s[kDim];  // the span's tokens that complete an entry (span <= kDim)
   __shared__ int count_s;
   // The metadata, before the wait: the list, and the first entry's plan.
@@ -226,13 +238,13 @@ __global__ void __launch_bounds__(kDim)
   __syncthreads();
   const int count = count_s;  // entries are independent: their order does not matter
   EntryPlan e;
-  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], rows_s, nullptr, nullptr, kDim);
+  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], rows_s, nullptr, kDim, apes_s);
   pdl_start();  // pdl.cuh: launched with pdl_launch
   for (int k = 0; k < count; ++k) {
-    // rows_s: every thread read the last entry's before pool_and_finish's barrier.
-    if (k > 0) e = plan_entry(p, args.rope.inv_freq, list_s[k], rows_s, nullptr, nullptr, kDim);
+    // rows_s, apes_s: every thread read the last entry's before pool_and_finish's barrier.
+    if (k > 0) e = plan_entry(p, args.rope.inv_freq, list_s[k], rows_s, nullptr, kDim, apes_s);
     __syncthreads();
-    pool_and_finish<kDim, kBatch>(p, args, e, rows_s);
+    pool_and_finish<kDim, kBatch>(p, args, e, rows_s, apes_s);
   }
 }
 
@@ -246,9 +258,9 @@ __global__ void __launch_bounds__(kDim)
   const int t = blockIdx.x;
   float* own = state_row(p, __ldg(p.row_slot + t));  // metadata: before the wait
   const float* ape = ape_row(p, t);
-  const EntryPlan e = plan_entry(p, args.rope.inv_freq, t, rows_s, own, own_s, kDim);
+  const EntryPlan e = plan_entry(p, args.rope.inv_freq, t, rows_s, own_s, kDim);
   pdl_start();  // pdl.cuh: launched with pdl_launch
-  if (own) write_row(p, t, ape, own, e.page ? own_s : nullptr, kDim);
+  if (own || e.page) write_row(p, t, ape, own, e.page ? own_s : nullptr, kDim);
   if (!e.page) return;
   __syncthreads();  // rows_s and own_s
   pool_and_finish<kDim, kBatch>(p, args, e, rows_s);
@@ -273,9 +285,9 @@ __device__ __forceinline__ void write_span_rows(const CompressorParams& p, int t
       if (i >= items) break;
       const float* x = p.proj + int64_t(t0 + u) * p.proj_ld;
       a[b] = *reinterpret_cast<const float4*>(x + p.a_col + 4 * k);
-      const float4 g = *reinterpret_cast<const float4*>(x + p.g_col + 4 * k);
+      const float4 g = *reinterpret_cast<const float4*>(x + p.g_col() + 4 * k);
       const float4 e = __ldg(reinterpret_cast<const float4*>(tape_s[u]) + k);
-      ge[b] = make_float4(__fadd_rn(g.x, e.x), __fadd_rn(g.y, e.y), __fadd_rn(g.z, e.z), __fadd_rn(g.w, e.w));
+      ge[b] = add_rn(g, e);
     }
 #pragma unroll
     for (int b = 0; b < kRowBatch; ++b) {
@@ -318,12 +330,12 @@ __global__ void __launch_bounds__(kDim, kBatch <= 8 ? 1024 / kDim : 1)
   __syncthreads();
   const int count = count_s;  // entries are independent: their order does not matter
   EntryPlan e;
-  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], rows_s, nullptr, nullptr, kDim, apes_s);
+  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], rows_s, nullptr, kDim, apes_s);
   pdl_start();  // pdl.cuh: launched with pdl_launch
   write_span_rows<kDim>(p, t0, n, dst_s, tape_s);
   for (int k = 0; k < count; ++k) {
     // rows_s, apes_s: every thread read the last entry's before pool_and_finish's barrier.
-    if (k > 0) e = plan_entry(p, args.rope.inv_freq, list_s[k], rows_s, nullptr, nullptr, kDim, apes_s);
+    if (k > 0) e = plan_entry(p, args.rope.inv_freq, list_s[k], rows_s, nullptr, kDim, apes_s);
     __syncthreads();
     pool_and_finish<kDim, kBatch>(p, args, e, rows_s, apes_s);
   }
@@ -422,8 +434,7 @@ __device__ __forceinline__ void stage_slices(const CompressorParams& p, const En
     const float* ape = apes_s[i];
     if (half && ape) {
       const float4 a4 = __ldg(reinterpret_cast<const float4*>(ape + col));
-      v[u] = make_float4(__fadd_rn(v[u].x, a4.x), __fadd_rn(v[u].y, a4.y), __fadd_rn(v[u].z, a4.z),
-                         __fadd_rn(v[u].w, a4.w));
+      v[u] = add_rn(v[u], a4);
     }
   }
 #pragma unroll
@@ -449,8 +460,9 @@ __global__ void __launch_bounds__(kWideThreads)
   const int c0 = rank * kWideCh;  // this CTA's first channel
   float* own = state_row(p, __ldg(p.row_slot + t));  // metadata: before the wait
   const float* ape = ape_row(p, t);
-  // The own row stays `own` in rows_s; rank 0 finishes (its factors).
-  const EntryPlan e = plan_entry(p, args.rope.inv_freq, t, rows_s, own, own, rank == 0 ? kKvDim : 0);
+  // rank 0 finishes (its factors). The own row, at t's position, is staged
+  // from the projection (its slot in rows_s not read).
+  const EntryPlan e = plan_entry(p, args.rope.inv_freq, t, rows_s, nullptr, rank == 0 ? kKvDim : 0);
   const int64_t own_i = __ldg(p.positions + t) - e.first;  // the own row's place in the window
   __syncthreads();  // rows_s
   pdl_start();      // pdl.cuh: launched with pdl_launch_clustered
@@ -458,14 +470,15 @@ __global__ void __launch_bounds__(kWideThreads)
   // The own row's slice goes to the state cache from the stage's registers
   // below where the window holds it (always, with consistent metadata);
   // otherwise here, as the one-CTA kernel writes it.
-  const bool own_staged = e.page && own && own_i >= 0 && own_i < e.n && rows_s[own_i] == own;
+  const bool own_staged = e.page && own_i >= 0 && own_i < e.n;
   if (own && !own_staged) write_row(p, t, ape, own, nullptr, kWideThreads, c0 / 4, (c0 + kWideCh) / 4);
+  const int mine = own_staged ? int(own_i) : -1;  // the staged row that is t's
   if (!e.page) return;  // the same for the whole cluster
   cluster_arrive_relaxed();  // this CTA has started: rank 0 waits for all before its v_s is written
   // Every pooled row's slice into the stage, all loads in flight before any
   // store. A thread's column is the same in every row: quad q of [a | g].
-  // The row at `own` comes from the projection (write_row's values: a, and
-  // g + ape), not from the state row it writes; an absent row is staged as
+  // The own row comes from the projection (write_row's values: a, and g +
+  // ape), not from the state row it writes; an absent row is staged as
   // a = 0, g = -inf, which leaves the maximum alone and gets the weight
   // exp(-inf) = 0, and adding its zeros to the sums is exact (they never
   // hold -0), so the sums skip nothing, as pool_channel skips it.
@@ -473,26 +486,26 @@ __global__ void __launch_bounds__(kWideThreads)
   static_assert(kMaxPooledRows * kQuads % kWideThreads == 0 && kWideThreads % kQuads == 0);
   const float kNegInf = -__int_as_float(0x7f800000);
   const int q = tid % kQuads, half = q / (kWideCh / 4), col = c0 + 4 * (q % (kWideCh / 4));
-  const float* x = p.proj + int64_t(t) * p.proj_ld + (half ? p.g_col : p.a_col) + col;
+  const float* x = p.proj + int64_t(t) * p.proj_ld + (half ? p.g_col() : p.a_col) + col;
   const float4 ape4 = half ? __ldg(reinterpret_cast<const float4*>(ape + col)) : make_float4(0.f, 0.f, 0.f, 0.f);
   float4 v[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     const int i = tid / kQuads + u * (kWideThreads / kQuads);
     const float* r = i < e.n ? rows_s[i] : nullptr;
-    if (r == nullptr)
+    if (i == mine)
+      v[u] = *reinterpret_cast<const float4*>(x);
+    else if (r == nullptr)
       v[u] = half ? make_float4(kNegInf, kNegInf, kNegInf, kNegInf) : make_float4(0.f, 0.f, 0.f, 0.f);
     else
-      v[u] = *reinterpret_cast<const float4*>(r == own ? x : r + half * p.kc() + col);
+      v[u] = *reinterpret_cast<const float4*>(r + half * p.kc() + col);
   }
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     const int i = tid / kQuads + u * (kWideThreads / kQuads);
-    if (own && i < e.n && rows_s[i] == own) {  // an absent row is null: never the own row
-      if (half)
-        v[u] = make_float4(__fadd_rn(v[u].x, ape4.x), __fadd_rn(v[u].y, ape4.y), __fadd_rn(v[u].z, ape4.z),
-                           __fadd_rn(v[u].w, ape4.w));
-      reinterpret_cast<float4*>(own + half * p.kc() + col)[0] = v[u];
+    if (i == mine) {
+      if (half) v[u] = add_rn(v[u], ape4);
+      if (own) reinterpret_cast<float4*>(own + half * p.kc() + col)[0] = v[u];
     }
     reinterpret_cast<float4*>(stage + i * kWideRowFloats)[q] = v[u];
   }
@@ -539,7 +552,7 @@ __global__ void __launch_bounds__(kWideThreads)
   if (completes) list_s[at] = t0 + tid;
   __syncthreads();
   EntryPlan e;
-  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], rows_s, nullptr, nullptr, rank == 0 ? kKvDim : 0, apes_s);
+  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], rows_s, nullptr, rank == 0 ? kKvDim : 0, apes_s);
   __syncthreads();  // rows_s, apes_s
   pdl_start();      // pdl.cuh: launched with pdl_launch_clustered
   write_span_rows<kWideThreads>(p, t0, n, dst_s, tape_s, c0 / 4, kWideCh / 4);
@@ -548,7 +561,7 @@ __global__ void __launch_bounds__(kWideThreads)
   for (int k = 0; k < count; ++k) {
     if (k > 0) {
       cluster_sync();  // the last entry is done on every CTA: stage, rows_s and rank 0's v_s are free
-      e = plan_entry(p, args.rope.inv_freq, list_s[k], rows_s, nullptr, nullptr, rank == 0 ? kKvDim : 0, apes_s);
+      e = plan_entry(p, args.rope.inv_freq, list_s[k], rows_s, nullptr, rank == 0 ? kKvDim : 0, apes_s);
       __syncthreads();
     }
     stage_slices(p, e, rows_s, apes_s, stage, c0);
@@ -673,8 +686,7 @@ void set_compressor_span_tokens(int tokens, bool clusters) {
 int compressor_kernels(const CompressorParams& p, CompressorLaunch mode) {
   if (p.num_tokens == 0) return 0;
   if (mode == CompressorLaunch::kOneTokenPerRun) return 1;
-  // The span kernels take a row as [a | g] at the projection's a column.
-  if (mode != CompressorLaunch::kRuns || g_span_tokens < 0 || p.g_col != p.a_col + p.kc()) return 2;
+  if (mode != CompressorLaunch::kRuns || g_span_tokens < 0) return 2;
   if (g_span_tokens > 0) return 1;  // forced
   const int T = p.num_tokens;
   const bool index = p.dim == kIndexDim && p.ratio == 4, c128a = p.dim == kKvDim && p.ratio == 128;
@@ -688,7 +700,7 @@ void check_compressor_cuda_params(const CompressorParams& p) {
   DSV4_REQUIRE(p.record != EntryFormat::kF32, what + ": f32 records are CPU only");
   DSV4_REQUIRE(p.bf16_rounding, what + ": production numerics only (bf16_rounding)");
   DSV4_REQUIRE(!p.hadamard || p.dim == kIndexDim, what + ": the Hadamard rotation runs on 128-dim entries only");
-  DSV4_REQUIRE(aligned(p.proj, 16) && p.proj_ld % 4 == 0 && p.a_col % 4 == 0 && p.g_col % 4 == 0,
+  DSV4_REQUIRE(aligned(p.proj, 16) && p.proj_ld % 4 == 0 && p.a_col % 4 == 0,
           what + ": proj must be 16-byte aligned, its row stride and the a/g columns multiples of 4");
   DSV4_REQUIRE(aligned(p.ape, 16), what + ": ape must be 16-byte aligned");
   DSV4_REQUIRE(aligned(p.state.base, 16) && p.state.page_stride % 16 == 0,

@@ -2,19 +2,20 @@
 // The compressor (SPEC §4.3, §5, §6) on the GPU: CompressorParams
 // (attn/compressor_params.h) with device pointers (except `rope`, a host
 // object whose 32 frequencies are passed by value). Two kernels:
-//   1. state rows: every token's [a | g + ape[pos % m]] into the state cache;
-//   2. entries: every token with entry_slot >= 0 pools its slot from the
-//      state rows (attn/compressor_math.h, the CPU's code), finishes it (bf16,
-//      RMSNorm, bf16, RoPE at j*m, bf16, optional Hadamard + bf16) and writes
-//      the fp8_ds_mla or indexer-key record.
+//   1. state rows: every token's [a | g + ape[pos % m]] into the state cache
+//      at its row slot, if it has one;
+//   2. entries: every token with entry_slot >= 0 pools its slot from its
+//      rows (attn/compressor_math.h, the CPU's code: a row of this step from
+//      the projection of the token that holds it, found by position in its
+//      run, the others from the state cache), finishes it (bf16, RMSNorm,
+//      bf16, RoPE at j*m, bf16, optional Hadamard + bf16) and writes the
+//      fp8_ds_mla or indexer-key record.
 // With kOneTokenPerRun (a decode step) one kernel does both: a token's window
 // then holds no row of another token of the step, so its CTA writes its own
 // row and pools it at once. With kRuns (any step the engine plans) one kernel
-// may do both too, where that measured faster (see kRuns): each pooled row
-// the step writes is read from the projection of the token that writes it
-// (found by position in its run) instead of the state cache, so no CTA waits
-// for another's rows. The result is the same bits; the caller vouches for the
-// condition (else a window could read a row another CTA is writing).
+// may do both too, where that measured faster (see kRuns): no CTA then reads
+// a state row that another writes. The caller vouches for the condition
+// (else a window could read a row another CTA is writing).
 // compress_cpu (attn/cpu/compress_cpu.h) is the CPU twin: same params, same
 // bits (see fused_common.cuh for the two rare exceptions). Production
 // numerics only (bf16_rounding), no kF32 records.
@@ -37,10 +38,10 @@ enum class CompressorLaunch {
   kOneTokenPerRun,  // every run has at most one token in the step: one kernel
   // Every state row the step writes is written by the token of its run at
   // its position, and a run's tokens are consecutive in the step at
-  // consecutive positions (tokens that write no row may sit anywhere): one
-  // kernel where it was measured faster (the C4A indexer's compressor from
-  // 1,024 tokens, C128A's up to 4,096), when proj holds g right after a
-  // (g_col = a_col + k*c); else kAny's two.
+  // consecutive positions (tokens that write no row may sit anywhere), so
+  // no entry reads a state row that this step writes: one kernel where it
+  // was measured faster (the C4A indexer's compressor from 1,024 tokens,
+  // C128A's up to 4,096); else kAny's two.
   kRuns,
 };
 

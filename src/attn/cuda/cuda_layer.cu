@@ -27,17 +27,16 @@ void check(cudaError_t e, const char* what) {
 
 // Columns of the stacked bf16 projection (StepBuffers::proj): the main
 // compressor's wkv | wgate (k*512 each), then for C4A the indexer
-// compressor's wkv | wgate (2*128 each) and weights_proj (nI).
+// compressor's wkv | wgate (2*128 each) and weights_proj (nI). Each
+// compressor's gates follow its values (CompressorParams::g_col).
 struct ProjColumns {
-  int a = 0, g = 0, idx_a = 0, idx_g = 0, weights = 0;
+  int a = 0, idx_a = 0, weights = 0;
 };
 ProjColumns proj_columns(LayerType t) {
   const int kc = (t == LayerType::kC4A ? 2 : 1) * kKvDim;
   ProjColumns c;
-  c.g = kc;
   c.idx_a = 2 * kc;
-  c.idx_g = c.idx_a + 2 * kIndexDim;
-  c.weights = c.idx_g + 2 * kIndexDim;
+  c.weights = c.idx_a + 2 * 2 * kIndexDim;
   return c;
 }
 
@@ -267,7 +266,6 @@ void CudaLayer::compress(StepBuffers& b) {
   p.proj = b.proj;
   p.proj_ld = b.proj_ld;
   p.a_col = col.a;
-  p.g_col = col.g;
   p.ape = ape_.get();
   p.norm = norm_.get();
   p.eps = float(config_.rms_norm_eps);
@@ -292,7 +290,6 @@ void CudaLayer::compress(StepBuffers& b) {
   if (c4a) {  // the index keys first: the scorer waits for them
     p.dim = kIndexDim;
     p.a_col = col.idx_a;
-    p.g_col = col.idx_g;
     p.ape = idx_ape_.get();
     p.norm = idx_norm_.get();
     p.state = b.cache->pages(layer_, CacheKind::kIndexState);

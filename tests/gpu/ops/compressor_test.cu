@@ -9,7 +9,10 @@
 // kernel, maxima that tie +0 and -0 and a block end without state pages; each
 // step also as a kRuns step (one kernel pooling the step's rows from the
 // projection) under the launcher's rule and with spans of 1, 3, 4, 7 and the
-// most tokens a CTA, asserting which launch ran. compress_cpu itself is checked
+// most tokens a CTA, asserting which launch ran; and steps whose state
+// blocks have pages only where a later token reads them, as the block
+// manager gives them (the records the same bits as with every block mapped).
+// compress_cpu itself is checked
 // against the direct formula of SPEC §4.3 in double precision, and the shared
 // exp_f32 for accuracy and host/device identity. Device tests skip without a
 // CUDA device.
@@ -62,10 +65,13 @@ struct CompSpec {
   // the tokens' own gates far below: each channel's maximum a tie of zeros.
   bool zero_tie_gates = false;
   // A run whose state pages are all unmapped (its table -1, so its row slots
-  // are negative too) while its entries have slots: nothing may be read or
-  // written for its rows; its records (pools of no rows) are not compared.
+  // are negative too) while its entries have slots: nothing of the state may
+  // be read or written for it; its entries pool the rows of this step alone.
   int unmapped_run = -1;
-  int gap = 16;     // proj columns between a and g (0: g right after a, as the engine lays them out)
+  // The state blocks as the block manager gives them pages: none for a block
+  // that a run's own tokens fill and no later token reads (the rows are
+  // pooled from the projection; CacheSpec::needs_page).
+  bool live_state_only = false;
   int kernels = 0;  // > 0: the launches compressor_kernels must report
   int span = 0;     // set_compressor_span_tokens during the call
   bool clusters = true;
@@ -82,7 +88,7 @@ struct CompCase {
   size_t s_stride = 0, o_stride = 0;
   int64_t s_pages = 0, o_pages = 0;
   int64_t proj_ld = 0;
-  int a_col = 8, g_col = 0;
+  int a_col = 8;
   std::vector<float> proj, ape, norm;
   std::vector<int32_t> positions;
   std::vector<int32_t> token_run, row_slot, entry_slot;
@@ -97,7 +103,8 @@ struct CompCase {
   int64_t o_cap() const { return o_pages * Bo; }
   int32_t state_slot(int r, int64_t pos) const {
     const int64_t col = pos / Bs - table_first[size_t(r)];
-    return int32_t(int64_t(table_pages[size_t(r) * size_t(width) + size_t(col)]) * Bs + pos % Bs);
+    const int32_t page = table_pages[size_t(r) * size_t(width) + size_t(col)];
+    return page < 0 ? -1 : int32_t(int64_t(page) * Bs + pos % Bs);
   }
 
   // Params on the given buffers (host or device).
@@ -111,7 +118,6 @@ struct CompCase {
     p.proj = proj_p;
     p.proj_ld = proj_ld;
     p.a_col = a_col;
-    p.g_col = g_col;
     p.ape = ape_p;
     p.norm = norm_p;
     p.eps = kEps;
@@ -184,7 +190,9 @@ CompCase make_case(const CompSpec& s) {
     for (auto& b : k.out) b = uint8_t(rng());
   }
 
-  // State tables: run r maps blocks first .. first + n - 1, one spare -1 column.
+  // State tables: run r maps blocks first .. first + n - 1, one spare -1 column
+  // (with live_state_only the dead blocks' pages are drawn, then unmapped, so
+  // every other draw is the same as without).
   for (const RunSpec& r : s.runs) {
     const int64_t lo = std::max<int64_t>(0, r.start - lookback), hi = r.start + r.len - 1;
     k.width = std::max<int>(k.width, int(hi / k.Bs - lo / k.Bs + 2));
@@ -193,8 +201,13 @@ CompCase make_case(const CompSpec& s) {
   for (size_t r = 0; r < s.runs.size(); ++r) {
     const int64_t lo = std::max<int64_t>(0, s.runs[r].start - lookback), hi = s.runs[r].start + s.runs[r].len - 1;
     k.table_first.push_back(int32_t(lo / k.Bs));
-    for (int64_t b = lo / k.Bs; b <= hi / k.Bs && int(r) != s.unmapped_run; ++b)
-      k.table_pages[r * size_t(k.width) + size_t(b - lo / k.Bs)] = s_draw.next();
+    const int64_t start = s.runs[r].start, end = start + s.runs[r].len;
+    const int64_t live = m == 4 ? std::max<int64_t>(0, end / 4 - 1) : end / 128;  // first_live_block
+    for (int64_t b = lo / k.Bs; b <= hi / k.Bs && int(r) != s.unmapped_run; ++b) {
+      const int32_t page = s_draw.next();
+      const bool dead = s.live_state_only && b * k.Bs >= start && b < live;
+      k.table_pages[r * size_t(k.width) + size_t(b - lo / k.Bs)] = dead ? -1 : page;
+    }
   }
 
   // Rows of earlier steps: positions lo .. start - 1 of each run.
@@ -217,8 +230,7 @@ CompCase make_case(const CompSpec& s) {
   }
 
   // Tokens: the runs in order, then two padding tokens (slots -1; slots past the capacities).
-  k.g_col = k.a_col + k.kc + s.gap;
-  k.proj_ld = k.g_col + k.kc + 12;
+  k.proj_ld = k.a_col + 2 * k.kc + 12;
   k.ape = random_normal(rng, size_t(m) * size_t(k.kc), 0.0f, 0.5f);
   k.norm = random_norm_weight(rng, size_t(c));
   std::map<std::pair<size_t, int64_t>, int32_t> out_page;  // (run, block) -> page
@@ -227,7 +239,7 @@ CompCase make_case(const CompSpec& s) {
       const int64_t p = s.runs[r].start + i;
       k.positions.push_back(p);
       k.token_run.push_back(int32_t(r));
-      k.row_slot.push_back(k.state_slot(int(r), p));
+      k.row_slot.push_back(k.state_slot(int(r), p));  // -1 in an unmapped block
       int32_t e = -1;
       if ((p + 1) % m == 0) {
         const int64_t j = (p + 1) / m - 1;
@@ -242,19 +254,20 @@ CompCase make_case(const CompSpec& s) {
   k.positions.push_back(2 * m - 1), k.token_run.push_back(0);
   k.row_slot.push_back(int32_t(k.s_cap())), k.entry_slot.push_back(int32_t(k.o_cap()));
   k.T = int(k.positions.size());
+  const int real = k.T - 2;
 
   k.proj = random_normal(rng, size_t(k.T) * size_t(k.proj_ld), 0.0f, 1.0f);
   for (int t = 0; t < k.T; ++t) {
     float* x = k.proj.data() + size_t(t) * size_t(k.proj_ld);
-    for (int i = 0; i < k.kc; ++i) x[k.g_col + i] *= 2.0f;  // gates spread wider than values
+    for (int i = 0; i < k.kc; ++i) x[k.a_col + k.kc + i] *= 2.0f;  // gates spread wider than values
     if (s.zero_tie_gates)
-      for (int i = 0; i < k.kc; ++i) x[k.g_col + i] = -40.0f;
-    if (k.row_slot[size_t(t)] < 0 || k.row_slot[size_t(t)] >= k.s_cap()) continue;
+      for (int i = 0; i < k.kc; ++i) x[k.a_col + k.kc + i] = -40.0f;
+    if (t >= real) continue;  // padding: its row is nobody's
     std::vector<float> row(size_t(k.row_floats));
     const float* ape = k.ape.data() + size_t(k.positions[size_t(t)] % m) * size_t(k.kc);
     for (int i = 0; i < k.kc; ++i) {
       row[size_t(i)] = x[k.a_col + i];
-      row[size_t(k.kc + i)] = x[k.g_col + i] + ape[i];
+      row[size_t(k.kc + i)] = x[k.a_col + k.kc + i] + ape[i];
     }
     k.rows[{k.token_run[size_t(t)], k.positions[size_t(t)]}] = row;
   }
@@ -305,7 +318,8 @@ std::string state_where(const CompCase& k, int64_t off) {
 
 // ---- GPU against CPU --------------------------------------------------------------------
 
-void run_compressor(const CompSpec& spec) {
+// The GPU's output cache goes to *records when asked for.
+void run_compressor(const CompSpec& spec, std::vector<uint8_t>* records = nullptr) {
   const CompCase k = make_case(spec);
   const int m = spec.m, c = spec.c;
 
@@ -345,12 +359,6 @@ void run_compressor(const CompSpec& spec) {
     const int64_t slot = k.entry_slot[size_t(t)];
     if (slot < 0 || slot >= k.o_cap()) continue;
     ++entries;
-    if (k.token_run[size_t(t)] == spec.unmapped_run) {  // a pool of no rows (NaN): taken as it is
-      const size_t page = size_t(slot / k.Bo) * k.o_stride;
-      for (auto [o, n] : record_ranges(spec.record, k.Bo, int(slot % k.Bo)))
-        std::memcpy(out_want.data() + page + o, out_got.data() + page + o, n);
-      continue;
-    }
     const int64_t j = (k.positions[size_t(t)] + 1) / m - 1;
     compress_pool_cpu(hp, t, v.data());  // this step's rows are in state_want now
     round_bf16(v.data(), v.size());
@@ -382,6 +390,7 @@ void run_compressor(const CompSpec& spec) {
                    << hex(out_got[size_t(std::max<int64_t>(o, 0))]);
   EXPECT_EQ(d_state.guard_damage(), -1) << "write past the state cache";
   EXPECT_EQ(d_out.guard_damage(), -1) << "write past the output cache";
+  if (records) *records = out_got;
 }
 
 // Runs of a C4A step: a prompt shorter than one block; a prompt of exactly
@@ -496,16 +505,14 @@ TEST_F(Compressor, C4ADecodeCachesPast2GiB) {
 }
 
 // kRuns steps (what the engine launches for any step with a run of several
-// tokens): one kernel whose CTAs pool the step's rows from the projection (g
-// right after a) where the launcher's rule takes it (the C4A indexer's
-// compressor from 1,024 tokens, C128A's up to 4,096), else kAny's two. The
-// runs of the kAny tests under the rule and with spans forced (every
-// compressor then on one kernel): 1 token a CTA, 3, 4, 7, the largest; -1
-// and a layout with a gap between a and g fall back to the two kernels.
+// tokens): one kernel whose CTAs write their rows and pool their entries
+// where the launcher's rule takes it (the C4A indexer's compressor from
+// 1,024 tokens, C128A's up to 4,096), else kAny's two. The runs of the kAny
+// tests under the rule and with spans forced (every compressor then on one
+// kernel): 1 token a CTA, 3, 4, 7, the largest; -1 asks for the two kernels.
 CompSpec runs_spec(int m, int c, EntryFormat record, std::vector<RunSpec> runs, uint64_t seed, int span,
                    int kernels) {
   CompSpec spec{m, c, record, c == 128, std::move(runs), false, seed, cuda::CompressorLaunch::kRuns};
-  spec.gap = 0;
   spec.span = span;
   spec.kernels = kernels;
   return spec;
@@ -547,11 +554,6 @@ TEST_F(Compressor, C4ARunsLargestSpan) {
   run_compressor(runs_spec(4, 512, kMla, {{4096, 1100}, {37, 515}}, 91, 100000, 1));
 }
 TEST_F(Compressor, C4ARunsTwoKernelsAskedFor) { run_compressor(runs_spec(4, 512, kMla, c4a_runs(), 92, -1, 2)); }
-TEST_F(Compressor, C4ARunsWithAGapBetweenAAndG) {
-  CompSpec spec = runs_spec(4, 512, kMla, c4a_runs(), 93, 4, 2);
-  spec.gap = 16;
-  run_compressor(spec);
-}
 TEST_F(Compressor, C4ARunsCachesPast2GiB) {
   CompSpec spec = runs_spec(4, 512, kMla, {{10, 37}, {1048572, 4}}, 94, 4, 1);
   spec.big = true;
@@ -563,7 +565,7 @@ TEST_F(Compressor, C128ARunsCachesPast2GiB) {
   run_compressor(spec);
 }
 // Rows of the step in every pooled window but one unmapped run: nothing of
-// it may be read or written, and the others' records are the CPU's.
+// its state may be read or written, its entries pool its rows of this step.
 TEST_F(Compressor, C4ARunsWithoutStatePages) {
   CompSpec spec = runs_spec(4, 512, kMla, {{10, 37}, {100, 20}}, 96, 4, 1);
   spec.unmapped_run = 1;
@@ -579,6 +581,45 @@ TEST_F(Compressor, C128ARunsOneCta) {
   CompSpec spec = runs_spec(128, 512, kMla, {{200, 150}, {0, 300}, {1048575, 1}}, 98, 16, 1);
   spec.clusters = false;
   run_compressor(spec);
+}
+
+// The state blocks as the block manager gives them pages (live_state_only:
+// none for a block the step's own tokens fill and no later token reads):
+// the caches the CPU's bits, and the records the same bits as with every
+// block mapped, on each kernel the engine's steps take.
+void check_live_state_only(CompSpec spec) {
+  std::vector<uint8_t> full, live;
+  run_compressor(spec, &full);
+  spec.live_state_only = true;
+  run_compressor(spec, &live);
+  ASSERT_EQ(full.size(), live.size());
+  const int64_t o = first_diff(full.data(), live.data(), full.size());
+  EXPECT_EQ(o, -1) << "records differ without the dead blocks' pages at byte " << o;
+}
+TEST_F(Compressor, C4AMainLiveStateOnly) {  // two kernels (the rule)
+  check_live_state_only(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}, {10, 37}}, 101, 0, 2));
+}
+TEST_F(Compressor, C4AMainLiveStateOnlyOneKernel) {
+  check_live_state_only(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}, {10, 37}}, 102, 4, 1));
+}
+TEST_F(Compressor, C4AIndexerLiveStateOnly) {  // one kernel, 4 tokens a CTA (the rule)
+  check_live_state_only(runs_spec(4, 128, EntryFormat::kIndexMxfp4, {{4096, 1500}, {0, 37}}, 103, 0, 1));
+}
+TEST_F(Compressor, C128ALiveStateOnly) {  // clusters (the rule)
+  check_live_state_only(runs_spec(128, 512, kMla, {{0, 1000}, {4000, 700}}, 104, 0, 1));
+}
+TEST_F(Compressor, C128ALiveStateOnlyTwoKernels) {
+  check_live_state_only(runs_spec(128, 512, kMla, {{200, 4100}}, 105, 0, 2));
+}
+TEST_F(Compressor, C128ALiveStateOnlyOneCta) {
+  CompSpec spec = runs_spec(128, 512, kMla, {{0, 1000}, {4000, 700}}, 106, 16, 1);
+  spec.clusters = false;
+  check_live_state_only(spec);
+}
+TEST_F(Compressor, C4ALiveStateOnlyAnyStep) {  // kAny: the entries kernel
+  CompSpec spec{4, 512, kMla, false, {{4096, 600}, {10, 37}}, false, 107};
+  spec.kernels = 2;
+  check_live_state_only(spec);
 }
 
 TEST_F(Compressor, ZeroTokensLaunchNothing) {
@@ -656,6 +697,43 @@ TEST(CompressCpu, C4AMatchesTheDirectFormula) { check_cpu_exact(4, 512, c4a_runs
 TEST(CompressCpu, C4AIndexerMatchesTheDirectFormula) { check_cpu_exact(4, 128, c4a_runs(), 62); }
 TEST(CompressCpu, C128AMatchesTheDirectFormula) { check_cpu_exact(128, 512, c128a_runs(), 63); }
 
+// The CPU twin with the state blocks as the block manager gives them pages:
+// the same records as with every block mapped (a step's rows are pooled
+// from its projection), and no state byte written outside the live blocks.
+void check_cpu_live_state_only(CompSpec spec) {
+  auto records = [](const CompSpec& s, std::vector<uint8_t>* state) {
+    CompCase k = make_case(s);
+    const CompressorParams p =
+        k.params(k.proj.data(), k.ape.data(), k.norm.data(), k.positions.data(), k.token_run.data(),
+                 k.row_slot.data(), k.entry_slot.data(), k.table_pages.data(), k.table_first.data(), k.state.data(),
+                 k.out.data());
+    const std::vector<uint8_t> before = k.state;
+    compress_cpu(p);
+    if (state) *state = before;
+    return std::make_pair(k.out, k.state);
+  };
+  const auto [full_out, full_state] = records(spec, nullptr);
+  spec.live_state_only = true;
+  std::vector<uint8_t> before;
+  const auto [live_out, live_state] = records(spec, &before);
+  EXPECT_EQ(first_diff(full_out.data(), live_out.data(), full_out.size()), -1) << "records differ";
+  // Every state byte the live case wrote, the full case wrote the same.
+  int64_t written = 0;
+  for (size_t i = 0; i < live_state.size(); ++i) {
+    if (live_state[i] == before[i]) continue;
+    ++written;
+    ASSERT_EQ(live_state[i], full_state[i]) << "state byte " << i;
+  }
+  EXPECT_GT(written, 0);
+  EXPECT_NE(first_diff(full_state.data(), live_state.data(), full_state.size()), -1);  // the dead rows
+}
+TEST(CompressCpu, C4AWithoutTheDeadStateBlocks) {
+  check_cpu_live_state_only({4, 512, EntryFormat::kFp8DsMla, false, {{4096, 600}, {10, 37}, {0, 4}}, false, 65});
+}
+TEST(CompressCpu, C128AWithoutTheDeadStateBlocks) {
+  check_cpu_live_state_only({128, 512, EntryFormat::kFp8DsMla, false, {{0, 1000}, {200, 150}}, false, 66});
+}
+
 TEST(CompressCpu, BadParamsThrow) {
   CompCase k = make_case({4, 512, EntryFormat::kFp8DsMla, false, {{0, 4}}, false, 64});
   const CompressorParams p =
@@ -669,7 +747,7 @@ TEST(CompressCpu, BadParamsThrow) {
   bad.record = EntryFormat::kIndexMxfp4;  // needs dim 128
   EXPECT_THROW(check_compressor_params(bad), Error);
   bad = p;
-  bad.proj_ld = bad.g_col + bad.kc() - 4;
+  bad.proj_ld = bad.g_col() + bad.kc() - 4;
   EXPECT_THROW(check_compressor_params(bad), Error);
   bad = p;
   bad.state_table.entries_per_page = 64;
