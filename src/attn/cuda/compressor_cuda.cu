@@ -578,9 +578,9 @@ unsigned long long* g_wide_stamps = nullptr;  // set_compressor_wide_stamps
 
 // CTAs of `threads` threads of `kernel` the current device holds at once.
 template <typename Kernel>
-int resident_ctas(Kernel kernel, int threads, size_t dynamic_smem = 0) {
+int resident_ctas(Kernel kernel, int threads) {
   int per_sm = 0;
-  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, dynamic_smem),
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0),
              "compressor (cuda): occupancy");
   return std::max(1, device_sm_count() * per_sm);
 }
@@ -636,41 +636,41 @@ void launch_entries_for(const CompressorParams& p, const EntryArgs& args, CUstre
 int g_span_tokens = 0;        // set_compressor_span_tokens
 bool g_span_clusters = true;  // set_compressor_span_tokens
 
-// The rule of kRuns steps, from fused_bench on an H100 (sixty-seventh
-// session, BM3-BM5; us, the two kernels in brackets): the C4A indexer's
-// compressor on span_kernel at 4 tokens a CTA from 1,024 tokens (1,024:
-// 8.6 [9.0], 2,048: 9.6 [13.5], 8,192: 27.8 [32.4]; at 128 one a CTA lost,
-// 7.5 [5.0]); C128A's main entries on clusters up to 4,096 tokens, spans of
-// at most 64 (128 tokens: 16.8 [33.7], 1,024: 19.1 [36.9], 4,096: 35.5
-// [45.8]; at 8,192 no span won: 60.2 [58.8]); C4A's main compressor on the
-// two kernels (span_kernel's 512-thread CTAs lost at every size: 8,192
-// tokens 97.7 [93.4] at best).
-constexpr int kIndexSpanFrom = 1024, kIndexSpan = 4, kWideSpanTo = 4096, kWideMaxSpan = 64;
+// The rule of kRuns steps: every compressor on one kernel, 4 tokens a CTA at
+// m = 4 and clusters of 64 tokens (16 below 1,024 tokens) for C128A's main
+// entries. From fused_bench on an H100 (sixty-eighth session, BN2-BN3, the
+// state blocks with pages only where a later token reads them; us, the two
+// kernels in brackets): C4A main 8,192 tokens 82.9 [84.4], 1,024 11.6 [13.6],
+// 128 7.9 [11.3]; its indexer 23.6 [34.5], 7.9 [7.9], 6.3 [7.5]; C128A 53.4
+// [142.5] at 8,192, 14.3 at 1,024 (span 16: 19.4), 11.3 at 128 (span 64:
+// 12.6). The two kernels lost once their entries read the step's rows from
+// the projection instead of rows the rows kernel had just left in L2.
+constexpr int kSpan4 = 4, kWideSpan = 64, kWideShortSpan = 16, kWideShortBelow = 1024;
 
-// span_wide_kernel over spans that give about one wave of resident clusters
-// (at most kWideMaxSpan tokens).
+// span_wide_kernel over spans of kWideSpan tokens (kWideShortSpan in a short step).
 void launch_span_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
   static const cudaError_t raised = cudaFuncSetAttribute(
       span_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWideSmemBytes));
   cuda_check(raised, "compressor (cuda): the span cluster kernel's shared memory");
-  static const int wave = std::max(1, resident_ctas(span_wide_kernel, kWideThreads, kWideSmemBytes) / kWideSplit);
   const int T = p.num_tokens;
   const int span = g_span_tokens > 0 ? std::min(kWideThreads, g_span_tokens)
-                                     : std::min(kWideMaxSpan, std::max(1, (T + wave - 1) / wave));
+                   : T < kWideShortBelow ? kWideShortSpan
+                                         : kWideSpan;
   pdl_launch_clustered(span_wide_kernel, dim3(unsigned((T + span - 1) / span) * kWideSplit), dim3(kWideThreads),
                        kWideSmemBytes, stream, dim3(kWideSplit), p, args, span);
 }
 
-// span_kernel over kIndexSpan tokens a CTA (C4A's indexer) or spans that give
-// about one wave of resident CTAs; C128A's main entries on clusters.
+// span_kernel over kSpan4 tokens a CTA (m = 4) or spans that give about one
+// wave of resident CTAs (m = 128 without clusters); C128A's main entries on
+// clusters.
 void launch_span(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
   if (g_span_clusters && p.dim == kKvDim && p.ratio == 128) return launch_span_wide(p, args, stream);
   with_shape(p, [&]<int kDim, int kBatch>() {
     static const int wave = resident_ctas(span_kernel<kDim, kBatch>, kDim);
     const int T = p.num_tokens;
-    const int span = std::min(kDim, g_span_tokens > 0                ? g_span_tokens
-                                    : kDim == kIndexDim && kBatch == 8 ? kIndexSpan
-                                                                       : std::max(1, (T + wave - 1) / wave));
+    const int span = std::min(kDim, g_span_tokens > 0 ? g_span_tokens
+                                    : kBatch == 8         ? kSpan4
+                                                          : std::max(1, (T + wave - 1) / wave));
     pdl_launch(span_kernel<kDim, kBatch>, unsigned((T + span - 1) / span), kDim, 0, stream, p, args, span);
   });
 }
@@ -687,10 +687,7 @@ int compressor_kernels(const CompressorParams& p, CompressorLaunch mode) {
   if (p.num_tokens == 0) return 0;
   if (mode == CompressorLaunch::kOneTokenPerRun) return 1;
   if (mode != CompressorLaunch::kRuns || g_span_tokens < 0) return 2;
-  if (g_span_tokens > 0) return 1;  // forced
-  const int T = p.num_tokens;
-  const bool index = p.dim == kIndexDim && p.ratio == 4, c128a = p.dim == kKvDim && p.ratio == 128;
-  return (index && T >= kIndexSpanFrom) || (c128a && g_span_clusters && T <= kWideSpanTo) ? 1 : 2;
+  return 1;
 }
 
 void check_compressor_cuda_params(const CompressorParams& p) {

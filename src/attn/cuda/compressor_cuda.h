@@ -13,8 +13,7 @@
 // With kOneTokenPerRun (a decode step) one kernel does both: a token's window
 // then holds no row of another token of the step, so its CTA writes its own
 // row and pools it at once. With kRuns (any step the engine plans) one kernel
-// may do both too, where that measured faster (see kRuns): no CTA then reads
-// a state row that another writes. The caller vouches for the condition
+// does both too: no CTA then reads a state row that another writes. The caller vouches for the condition
 // (else a window could read a row another CTA is writing).
 // compress_cpu (attn/cpu/compress_cpu.h) is the CPU twin: same params, same
 // bits (see fused_common.cuh for the two rare exceptions). Production
@@ -39,9 +38,8 @@ enum class CompressorLaunch {
   // Every state row the step writes is written by the token of its run at
   // its position, and a run's tokens are consecutive in the step at
   // consecutive positions (tokens that write no row may sit anywhere), so
-  // no entry reads a state row that this step writes: one kernel where it
-  // was measured faster (the C4A indexer's compressor from 1,024 tokens,
-  // C128A's up to 4,096); else kAny's two.
+  // no entry reads a state row that this step writes: one kernel (it
+  // measured faster at every size; compressor_cuda.cu has the rule).
   kRuns,
 };
 
@@ -65,10 +63,9 @@ inline constexpr int kWideStampCount = 9;
 inline constexpr const char* kWideStampNames[kWideStampCount] = {
     "entry", "waited", "staged", "maxima", "weights", "cluster waited", "sums sent", "gathered", "done"};
 void set_compressor_wide_stamps(unsigned long long* stamps);
-// Diagnostics (fused_bench --comp-span): above 0, kRuns runs one kernel for
-// every compressor, with that many tokens a CTA (or cluster; capped at c and
-// at 256); 0: the launcher's rule; below 0, kRuns launches kAny's two
-// kernels. clusters = false: C128A's main entries on the one-CTA kernel.
+// Diagnostics (fused_bench --comp-span): above 0, kRuns steps take that
+// many tokens a CTA (or cluster; capped at c and at 256); 0: the launcher's
+// rule; below 0, kRuns launches kAny's two kernels. clusters = false: C128A's main entries on the one-CTA kernel.
 void set_compressor_span_tokens(int tokens, bool clusters = true);
 
 }  // namespace dsv4::cuda

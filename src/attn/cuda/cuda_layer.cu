@@ -284,8 +284,8 @@ void CudaLayer::compress(StepBuffers& b) {
   // A decode step: each compressor in one kernel (a CTA writes its token's
   // row and pools it at once). Any other step: its runs (step/step.h:
   // consecutive tokens at consecutive positions, each writing its own state
-  // row) let a compressor pool the step's rows from the projection in one
-  // kernel where that measured faster (compressor_cuda.h).
+  // row) let a compressor write its rows and pool its entries in one kernel
+  // (compressor_cuda.h).
   const CompressorLaunch mode = b.one_token_per_run ? CompressorLaunch::kOneTokenPerRun : CompressorLaunch::kRuns;
   if (c4a) {  // the index keys first: the scorer waits for them
     p.dim = kIndexDim;

@@ -506,10 +506,10 @@ TEST_F(Compressor, C4ADecodeCachesPast2GiB) {
 
 // kRuns steps (what the engine launches for any step with a run of several
 // tokens): one kernel whose CTAs write their rows and pool their entries
-// where the launcher's rule takes it (the C4A indexer's compressor from
-// 1,024 tokens, C128A's up to 4,096), else kAny's two. The runs of the kAny
-// tests under the rule and with spans forced (every compressor then on one
-// kernel): 1 token a CTA, 3, 4, 7, the largest; -1 asks for the two kernels.
+// (the launcher's rule: 4 tokens a CTA at m = 4, C128A on clusters of 64
+// tokens, 16 in a step below 1,024). The runs of the kAny tests under the
+// rule and with spans forced: 1 token a CTA, 3, 4, 7, the largest; -1 asks
+// for kAny's two kernels.
 CompSpec runs_spec(int m, int c, EntryFormat record, std::vector<RunSpec> runs, uint64_t seed, int span,
                    int kernels) {
   CompSpec spec{m, c, record, c == 128, std::move(runs), false, seed, cuda::CompressorLaunch::kRuns};
@@ -526,20 +526,20 @@ TEST_F(Compressor, C4AIndexerMxfp4KeysRuns) {
   run_compressor(runs_spec(4, 128, EntryFormat::kIndexMxfp4, c4a_runs(), 83, 4, 1));
 }
 TEST_F(Compressor, C128AMainRuns) { run_compressor(runs_spec(128, 512, kMla, c128a_runs(), 84, 0, 1)); }
-TEST_F(Compressor, C4APrefillChunkRuns) {  // the rule: C4A's main compressor on two kernels
-  run_compressor(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}}, 85, 0, 2));
+TEST_F(Compressor, C4APrefillChunkRuns) {
+  run_compressor(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}}, 85, 0, 1));
 }
-TEST_F(Compressor, C4AIndexerLongChunkRuns) {  // the rule: one kernel, 4 tokens a CTA
+TEST_F(Compressor, C4AIndexerLongChunkRuns) {
   run_compressor(runs_spec(4, 128, EntryFormat::kIndexMxfp4, {{4096, 8200}, {37, 515}}, 86, 0, 1));
 }
-TEST_F(Compressor, C4AIndexerShortStepRuns) {  // the rule: below 1,024 tokens two kernels
-  run_compressor(runs_spec(4, 128, EntryFormat::kIndexMxfp4, c4a_runs(), 99, 0, 2));
+TEST_F(Compressor, C4AIndexerShortStepRuns) {
+  run_compressor(runs_spec(4, 128, EntryFormat::kIndexMxfp4, c4a_runs(), 99, 0, 1));
 }
-TEST_F(Compressor, C128APrefillChunkRuns) {  // the rule: clusters up to 4,096 tokens
+TEST_F(Compressor, C128APrefillChunkRuns) {  // clusters of 64 tokens
   run_compressor(runs_spec(128, 512, kMla, {{0, 1000}, {4000, 700}}, 87, 0, 1));
 }
-TEST_F(Compressor, C128ALongChunkRuns) {  // the rule: above 4,096 tokens two kernels
-  run_compressor(runs_spec(128, 512, kMla, {{200, 4100}}, 100, 0, 2));
+TEST_F(Compressor, C128ALongChunkRuns) {
+  run_compressor(runs_spec(128, 512, kMla, {{200, 4100}}, 100, 0, 1));
 }
 TEST_F(Compressor, C4ARunsOneTokenACta) {
   run_compressor(runs_spec(4, 512, kMla, {{10, 37}, {0, 4}, {1048570, 6}}, 88, 1, 1));
@@ -596,20 +596,20 @@ void check_live_state_only(CompSpec spec) {
   const int64_t o = first_diff(full.data(), live.data(), full.size());
   EXPECT_EQ(o, -1) << "records differ without the dead blocks' pages at byte " << o;
 }
-TEST_F(Compressor, C4AMainLiveStateOnly) {  // two kernels (the rule)
-  check_live_state_only(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}, {10, 37}}, 101, 0, 2));
+TEST_F(Compressor, C4AMainLiveStateOnly) {  // the rule: 4 tokens a CTA
+  check_live_state_only(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}, {10, 37}}, 101, 0, 1));
 }
-TEST_F(Compressor, C4AMainLiveStateOnlyOneKernel) {
-  check_live_state_only(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}, {10, 37}}, 102, 4, 1));
+TEST_F(Compressor, C4AMainLiveStateOnlyTwoKernels) {
+  check_live_state_only(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}, {10, 37}}, 102, -1, 2));
 }
-TEST_F(Compressor, C4AIndexerLiveStateOnly) {  // one kernel, 4 tokens a CTA (the rule)
+TEST_F(Compressor, C4AIndexerLiveStateOnly) {
   check_live_state_only(runs_spec(4, 128, EntryFormat::kIndexMxfp4, {{4096, 1500}, {0, 37}}, 103, 0, 1));
 }
-TEST_F(Compressor, C128ALiveStateOnly) {  // clusters (the rule)
+TEST_F(Compressor, C128ALiveStateOnly) {  // clusters of 64 tokens
   check_live_state_only(runs_spec(128, 512, kMla, {{0, 1000}, {4000, 700}}, 104, 0, 1));
 }
 TEST_F(Compressor, C128ALiveStateOnlyTwoKernels) {
-  check_live_state_only(runs_spec(128, 512, kMla, {{200, 4100}}, 105, 0, 2));
+  check_live_state_only(runs_spec(128, 512, kMla, {{200, 4100}}, 105, -1, 2));
 }
 TEST_F(Compressor, C128ALiveStateOnlyOneCta) {
   CompSpec spec = runs_spec(128, 512, kMla, {{0, 1000}, {4000, 700}}, 106, 16, 1);
