@@ -183,7 +183,8 @@ TEST(BlockManager, WorkloadLimitsHoldTheStateOfAnySchedule) {
         const int64_t len = std::min<int64_t>(budget, rng() % 3 == 0 ? 1 : 1 + int64_t(rng() % uint64_t(step)));
         if (length[size_t(r)] + len > 65536) continue;
         ASSERT_NO_THROW(bm.reserve(r, length[size_t(r)], int(len)))
-            << requests << " requests, step " << step << ": request " << r << " at " << length[size_t(r)] << " +" << len;
+            << requests << " requests, step " << step << ": request " << r << " at " << length[size_t(r)]
+            << " +" << len;
         runs.emplace_back(r, len), budget -= len;
       }
       for (auto [r, len] : runs) bm.commit(r, length[size_t(r)] += len);

@@ -7,9 +7,9 @@
 // A request's table for a group keeps only its live blocks (first .. first +
 // size - 1); what a commit frees is what CacheSpec::first_live_block says no
 // later token reads, and a compressor state block that no later token reads
-// gets no page in the first place (CacheSpec::needs_page). Reserving the pages of a run is all or nothing, so
-// running out (pages or bytes) fails that run alone and touches no other
-// request.
+// gets no page in the first place (CacheSpec::needs_page). Reserving the
+// pages of a run is all or nothing, so running out (pages or bytes) fails
+// that run alone and touches no other request.
 #include <array>
 #include <cstdint>
 #include <map>
@@ -67,8 +67,9 @@ class BlockManager {
   int64_t tokens_held() const;       // over all open requests
 
   // Gives every block the run [start, start + len) touches a page, in every
-  // group, where it needs one (CacheSpec::needs_page). All or nothing: throws CacheExhausted naming the exhausted cache
-  // (Error for a bad run) and leaves every table as it was.
+  // group, where it needs one (CacheSpec::needs_page). All or nothing: throws
+  // CacheExhausted naming the exhausted cache (Error for a bad run) and
+  // leaves every table as it was.
   void reserve(int64_t id, int64_t start, int len);
   // The request now holds `new_length` tokens: pages no later token reads go back.
   void commit(int64_t id, int64_t new_length);
