@@ -303,10 +303,11 @@ __device__ __forceinline__ void write_span_rows(const CompressorParams& p, int t
 
 // Rows and entries in one kernel for a kRuns step (compressor_cuda.h): CTA
 // b writes the rows of tokens [span b, span (b + 1)) and pools the entries
-// they complete, reading every pooled row the step writes from the
-// projection (step_row), so no CTA waits for another's rows and the rows
-// come from HBM once (the two kernels of kAny read them back from the state
-// cache: 1.5 times the bytes at m = 4).
+// they complete, reading every pooled row of the step from the projection
+// (step_row), so no CTA waits for another's rows and the rows are pooled
+// while a CTA of the span or the one before has just loaded them (kAny's
+// entries kernel reads them again after the rows kernel, from HBM once they
+// left L2).
 // (m = 4: at least 1,024 threads an SM, 64 registers a thread; m = 128's
 // batches of 32 rows want more.)
 template <int kDim, int kBatch>
