@@ -269,8 +269,8 @@ Case compressor_case(const std::string& name, int T, int m, int cdim, dsv4::Entr
   }
   const int pooled = m == 4 ? 8 : 128;
   Case c{name, T, 0, 0, {}};
-  c.bytes = double(T) * (row * 4.0 + 8 + 12) + kept_rows * row * 4.0 + double(m) * kc * 4 + earlier_rows * 2 * cdim * 4 +
-            double(entries) * (record_bytes + cdim * 4);
+  c.bytes = double(T) * (row * 4.0 + 8 + 12) + kept_rows * row * 4.0 + double(m) * kc * 4 +
+            earlier_rows * 2 * cdim * 4 + double(entries) * (record_bytes + cdim * 4);
   c.flops = double(T) * kc + double(entries) * cdim * (pooled * 20.0 + 10);
   c.make = [=](Instance& in, uint64_t seed) {
     dsv4::CompressorParams p;

@@ -13,8 +13,9 @@
 // With kOneTokenPerRun (a decode step) one kernel does both: a token's window
 // then holds no row of another token of the step, so its CTA writes its own
 // row and pools it at once. With kRuns (any step the engine plans) one kernel
-// does both too: no CTA then reads a state row that another writes. The caller vouches for the condition
-// (else a window could read a row another CTA is writing).
+// does both too: no CTA then reads a state row that another writes. The
+// caller vouches for the condition (else a window could read a row another
+// CTA is writing).
 // compress_cpu (attn/cpu/compress_cpu.h) is the CPU twin: same params, same
 // bits (see fused_common.cuh for the two rare exceptions). Production
 // numerics only (bf16_rounding), no kF32 records.
@@ -65,7 +66,8 @@ inline constexpr const char* kWideStampNames[kWideStampCount] = {
 void set_compressor_wide_stamps(unsigned long long* stamps);
 // Diagnostics (fused_bench --comp-span): above 0, kRuns steps take that
 // many tokens a CTA (or cluster; capped at c and at 256); 0: the launcher's
-// rule; below 0, kRuns launches kAny's two kernels. clusters = false: C128A's main entries on the one-CTA kernel.
+// rule; below 0, kRuns launches kAny's two kernels. clusters = false:
+// C128A's main entries on the one-CTA kernel.
 void set_compressor_span_tokens(int tokens, bool clusters = true);
 
 }  // namespace dsv4::cuda
