@@ -99,6 +99,13 @@ DSV4_HD int pool_count(int64_t j, int m) { return int(j * m + m - pool_first(j, 
 // row is the state cache's, through the block table.
 DSV4_HD int64_t step_token(int t, int64_t pos, int64_t P) { return int64_t(t) - (pos - P); }
 
+// That token when it holds P (of t's run, at P), else -1: the host's form of
+// the test (the CUDA kernels make it with their own loads, step_row).
+DSV4_HD int step_row_token(const int32_t* positions, const int32_t* token_run, int t, int64_t P) {
+  const int64_t u = step_token(t, positions[t], P);
+  return u >= 0 && token_run[u] == token_run[t] && positions[u] == P ? int(u) : -1;
+}
+
 // Column `off` of a row's gates: g + ape (ape: nullptr when the row holds the sum).
 DSV4_HD float gate(const float* row, const float* ape, int kc, int off) {
   return ape ? fadd(row[kc + off], ape[off]) : row[kc + off];

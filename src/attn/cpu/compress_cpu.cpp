@@ -63,13 +63,6 @@ float* state_row(const CompressorParams& p, int64_t slot) {
   return reinterpret_cast<float*>(p.state.page(slot / B) + sizeof(float) * size_t(p.row_floats()) * size_t(slot % B));
 }
 
-// Pooled position P of token t's window as a row of this step: the token
-// (pool::step_token) of t's run at P, or -1.
-int step_row_token(const CompressorParams& p, int t, int64_t P) {
-  const int64_t u = pool::step_token(t, p.positions[t], P);
-  return u >= 0 && u < p.num_tokens && p.token_run[u] == p.token_run[t] && p.positions[u] == P ? int(u) : -1;
-}
-
 // compress_pool_cpu with the rows of this step built in `scratch`.
 void pool_entry(const CompressorParams& p, int t, float* v, std::vector<float>& scratch) {
   const int m = p.ratio, kc = p.kc();
@@ -78,7 +71,7 @@ void pool_entry(const CompressorParams& p, int t, float* v, std::vector<float>& 
   scratch.resize(size_t(n) * size_t(p.row_floats()));
   std::vector<const float*> rows(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
-    const int u = step_row_token(p, t, first + i);
+    const int u = pool::step_row_token(p.positions, p.token_run, t, first + i);
     if (u < 0) {
       rows[size_t(i)] = state_row(p, block_table_slot(p.state_table, p.token_run[t], first + i));
       continue;

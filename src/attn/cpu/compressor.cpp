@@ -28,8 +28,7 @@ std::vector<int> CompressorOp::forward(const StepView& s, const float* x, const 
     if (io.out_slots[t] < 0) continue;
     const int64_t j = pool::slot_of_position(s.positions[t], m), first = pool::pool_first(j, m);
     for (int64_t p = first; p < first + pool::pool_count(j, m); ++p) {
-      const int64_t u = pool::step_token(t, s.positions[t], p);
-      const bool in_step = u >= 0 && s.token_run[u] == s.token_run[t] && s.positions[u] == p;
+      const bool in_step = pool::step_row_token(s.positions, s.token_run, t, p) >= 0;
       DSV4_REQUIRE(in_step || block_table_slot(io.state_table, s.token_run[t], p) >= 0,
                    "compressor: state row " + std::to_string(p) + " of a pooled block has no page");
     }
