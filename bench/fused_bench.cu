@@ -23,7 +23,8 @@
 // --only TEXT: only the rows whose kernel name contains TEXT (for ncu).
 // --comp-span N: prefill compressors' tokens a CTA (set_compressor_span_tokens;
 // -1: the two kernels); --comp-one-cta: with --comp-span N, C128A's on the
-// one-CTA kernel instead of clusters.
+// one-CTA kernel instead of clusters; --comp-quad-from N: C4A's on the quad
+// kernel from N tokens (set_compressor_quad_from; 0: at every size).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -434,7 +435,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   int qkv_per_cta = 0;  // --qkv-per-cta N: force the q/kv kernel's tokens a CTA
-  int comp_span = 0;
+  int comp_span = 0, comp_quad_from = -1;
   bool comp_clusters = true;
   for (int a = 1; a < argc; ++a) {
     if (std::string(argv[a]) == "--qkv-per-cta" && a + 1 < argc)
@@ -443,12 +444,15 @@ int main(int argc, char** argv) {
       comp_span = std::atoi(argv[++a]);
     else if (std::string(argv[a]) == "--comp-one-cta")  // with --comp-span: C128A without clusters
       comp_clusters = false;
+    else if (std::string(argv[a]) == "--comp-quad-from" && a + 1 < argc)
+      comp_quad_from = std::atoi(argv[++a]);
     else if (std::string(argv[a]) == "--only" && a + 1 < argc)
       g_only = argv[++a];
     else
       sizes = {std::atoi(argv[a])};
   }
   dsv4::cuda::set_compressor_span_tokens(comp_span, comp_clusters);
+  dsv4::cuda::set_compressor_quad_from(comp_quad_from);
   std::printf("%-20s %5s %10s %11s %9s %10s %7s %4s\n", "kernel", "T", "time us", "bytes MB", "GFLOP", "bytes us",
               "ratio", "R");
   for (int T : sizes) {

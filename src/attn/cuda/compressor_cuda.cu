@@ -18,7 +18,10 @@
 //  span (a kRuns step): one kernel, CTAs over spans of tokens as the
 //           entries kernel's, each writing its tokens' rows (every thread a
 //           few float4 pairs in flight) and then pooling their entries, the
-//           rows of this step from the projection (step_row).
+//           rows of this step from the projection (step_row). At m = 4 in
+//           a long step the quad kernel instead: groups of c/4 threads over
+//           4 tokens, thread i holding channels 4i .. 4i+3 from the pool's
+//           loads to the record.
 // Each kernel looks its rows, slots and pages up in the step metadata before
 // it waits for the kernel before it (compressor_cuda.h says why it may); at
 // decode these dependent loads were most of a 1-CTA kernel's time.
@@ -121,6 +124,20 @@ __device__ __forceinline__ EntryPlan entry_of(const CompressorParams& p, int t) 
   if (e.j < 0) e.page = nullptr;
   return e;
 }
+// The tokens t0 .. t0 + n - 1 that complete an entry, in token order, into
+// list_s (at least n ints); returns their count. Every thread of the CTA
+// (kThreads >= n) calls it; it ends with a barrier.
+template <int kThreads>
+__device__ __forceinline__ int span_entry_list(const CompressorParams& p, int t0, int n, int* list_s) {
+  const int u = int(threadIdx.x);
+  const bool completes = u < n && entry_of(p, t0 + u).page;
+  int count = 0;
+  const int at = block_exclusive_scan<kThreads>(int(completes), &count);
+  if (completes) list_s[at] = t0 + u;
+  __syncthreads();
+  return count;
+}
+
 // Pooled position P of token t's run (t at position pos): when this step's
 // token pool::step_token holds it, that token's projection row, whose gates
 // want ape[P % m] added (*ape); otherwise `r`, the state row the table maps
@@ -141,9 +158,10 @@ __device__ __forceinline__ const float* step_row(const CompressorParams& p, int 
 // own row, at t's position, is the only one) own_s, t's row as write_row
 // keeps it; else (the wide kernel, which stages t's row itself) the state
 // row the table maps.
-__device__ __forceinline__ EntryPlan plan_entry(const CompressorParams& p, const float* inv_freq, int t,
-                                                const float** rows_s, const float* own_s, int finish_dim,
-                                                const float** apes_s = nullptr) {
+// Threads tid of nthreads (from 0) share the rows.
+__device__ __forceinline__ EntryPlan plan_entry(const CompressorParams& p, const float* inv_freq, int t, int tid,
+                                                int nthreads, const float** rows_s, const float* own_s,
+                                                int finish_dim, const float** apes_s = nullptr) {
   EntryPlan e = entry_of(p, t);
   if (!e.page) return e;
   const int m = p.ratio;
@@ -151,37 +169,32 @@ __device__ __forceinline__ EntryPlan plan_entry(const CompressorParams& p, const
   e.n = pool::pool_count(e.j, m);
   const int run = __ldg(p.token_run + t);
   const int64_t pos = __ldg(p.positions + t);  // >= every pooled position
-  for (int i = threadIdx.x; i < e.n; i += blockDim.x) {
+  for (int i = tid; i < e.n; i += nthreads) {
     const float* r = state_row(p, block_table_slot(p.state_table, run, e.first + i));
     if (apes_s)
       rows_s[i] = step_row(p, t, pos, run, e.first + i, r, &apes_s[i]);
     else
       rows_s[i] = own_s && e.first + i == pos ? own_s : r;
   }
-  const int i = int(threadIdx.x), rope0 = rope_thread0(finish_dim);
-  if (i >= rope0 && i < finish_dim / 4) rope_quad_factors(e.cs, e.j * m, inv_freq, i - rope0);
+  const int rope0 = rope_thread0(finish_dim);
+  if (tid >= rope0 && tid < finish_dim / 4) rope_quad_factors(e.cs, e.j * m, inv_freq, tid - rope0);
   return e;
 }
 
-// Finishes entry e from its pooled channels v_s (shared, all kDim of them,
-// visible to the CTA): called by every thread of a CTA of at least kDim / 4
-// threads (it has a barrier); cs: the calling thread's RoPE factors when it
-// holds rotary dims (plan_entry's for a CTA of kDim threads).
+// The pooled channels 4i .. 4i + 3 rounded to bf16, the finish's first step.
+__device__ __forceinline__ void round_pooled(float4 x, float (&y)[4]) {
+  y[0] = bf16_round(x.x), y[1] = bf16_round(x.y), y[2] = bf16_round(x.z), y[3] = bf16_round(x.w);
+}
+
+// The rest of the finish on finishing thread i's channels 4i .. 4i + 3 (y,
+// from round_pooled): the RMSNorm by `inv` (rms_inv of the entry's sum of
+// squares), RoPE (cs: the thread's factors when it holds rotary dims),
+// Hadamard and the record. The i of a record's 16 (fp8_ds_mla), 8 (MXFP4)
+// or 32 (FP8 key, Hadamard) consecutive channels' threads are consecutive
+// lanes of one warp: those steps shuffle.
 template <int kDim>
-__device__ __forceinline__ void finish_entry(const CompressorParams& p, const EntryArgs& args, const EntryPlan& e,
-                                             const float2 (&cs)[2], const float* v_s) {
-  constexpr int kFinish = kDim / 4;  // threads of the finishing phase (whole warps)
-  __shared__ double red[kFinish / 32];
-  const int i = int(threadIdx.x);  // finishing: channels 4i .. 4i+3
-  float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (i < kFinish) {
-    const float4 x = reinterpret_cast<const float4*>(v_s)[i];
-    y[0] = bf16_round(x.x), y[1] = bf16_round(x.y), y[2] = bf16_round(x.z), y[3] = bf16_round(x.w);
-    warp_partial(sum_squares4(y), red);
-  }
-  __syncthreads();
-  if (i >= kFinish) return;
-  const float inv = rms_inv(red_sum(red, 0, kFinish / 32), kDim, p.eps);
+__device__ __forceinline__ void store_entry(const CompressorParams& p, const EntryArgs& args, const EntryPlan& e,
+                                            int i, float inv, const float2 (&cs)[2], float (&y)[4]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) y[k] = bf16_round(__fmul_rn(__fmul_rn(y[k], inv), __ldg(p.norm + 4 * i + k)));
   if (i >= rope_thread0(kDim)) rope_rotate_quad_bf16(y, cs);
@@ -199,6 +212,26 @@ __device__ __forceinline__ void finish_entry(const CompressorParams& p, const En
     else
       store_index_key_mxfp4(e.page, B, e.te, i, y);
   }
+}
+
+// Finishes entry e from its pooled channels v_s (shared, all kDim of them,
+// visible to the CTA): called by every thread of a CTA of at least kDim / 4
+// threads (it has a barrier); cs: the calling thread's RoPE factors when it
+// holds rotary dims (plan_entry's for a CTA of kDim threads).
+template <int kDim>
+__device__ __forceinline__ void finish_entry(const CompressorParams& p, const EntryArgs& args, const EntryPlan& e,
+                                             const float2 (&cs)[2], const float* v_s) {
+  constexpr int kFinish = kDim / 4;  // threads of the finishing phase (whole warps)
+  __shared__ double red[kFinish / 32];
+  const int i = int(threadIdx.x);  // finishing: channels 4i .. 4i+3
+  float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (i < kFinish) {
+    round_pooled(reinterpret_cast<const float4*>(v_s)[i], y);
+    warp_partial(sum_squares4(y), red);
+  }
+  __syncthreads();
+  if (i >= kFinish) return;
+  store_entry<kDim>(p, args, e, i, rms_inv(red_sum(red, 0, kFinish / 32), kDim, p.eps), cs, y);
 }
 
 // Pools and finishes entry e (rows_s, and apes_s if any, ready; CTA of kDim threads).
@@ -229,20 +262,16 @@ __global__ void __launch_bounds__(kDim)
   __shared__ const float* rows_s[kMaxPooledRows];
   __shared__ const float* apes_s[kMaxPooledRows];
   __shared__ int list_s[kDim];  // the span's tokens that complete an entry (span <= kDim)
-  __shared__ int count_s;
   // The metadata, before the wait: the list, and the first entry's plan.
-  if (threadIdx.x == 0) count_s = 0;
-  __syncthreads();
-  const int t = int(blockIdx.x) * span + int(threadIdx.x);
-  if (int(threadIdx.x) < span && t < p.num_tokens && entry_of(p, t).page) list_s[atomicAdd(&count_s, 1)] = t;
-  __syncthreads();
-  const int count = count_s;  // entries are independent: their order does not matter
+  const int t0 = int(blockIdx.x) * span;
+  const int count = span_entry_list<kDim>(p, t0, min(span, p.num_tokens - t0), list_s);
   EntryPlan e;
-  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], rows_s, nullptr, kDim, apes_s);
+  const int tid = int(threadIdx.x);
+  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], tid, kDim, rows_s, nullptr, kDim, apes_s);
   pdl_start();  // pdl.cuh: launched with pdl_launch
   for (int k = 0; k < count; ++k) {
     // rows_s, apes_s: every thread read the last entry's before pool_and_finish's barrier.
-    if (k > 0) e = plan_entry(p, args.rope.inv_freq, list_s[k], rows_s, nullptr, kDim, apes_s);
+    if (k > 0) e = plan_entry(p, args.rope.inv_freq, list_s[k], tid, kDim, rows_s, nullptr, kDim, apes_s);
     __syncthreads();
     pool_and_finish<kDim, kBatch>(p, args, e, rows_s, apes_s);
   }
@@ -258,7 +287,7 @@ __global__ void __launch_bounds__(kDim)
   const int t = blockIdx.x;
   float* own = state_row(p, __ldg(p.row_slot + t));  // metadata: before the wait
   const float* ape = ape_row(p, t);
-  const EntryPlan e = plan_entry(p, args.rope.inv_freq, t, rows_s, own_s, kDim);
+  const EntryPlan e = plan_entry(p, args.rope.inv_freq, t, int(threadIdx.x), kDim, rows_s, own_s, kDim);
   pdl_start();  // pdl.cuh: launched with pdl_launch
   if (own || e.page) write_row(p, t, ape, own, e.page ? own_s : nullptr, kDim);
   if (!e.page) return;
@@ -267,22 +296,24 @@ __global__ void __launch_bounds__(kDim)
 }
 
 // Rows of tokens t0 .. t0 + n - 1 into their state rows dst_s[u] (nullptr:
-// none), their ape rows tape_s[u], by kThreads threads. Each thread loads
+// none), their ape rows tape_s[u], by threads tid of kThreads. Each thread loads
 // kRowBatch float4 pairs before it stores any: a store may alias the next
 // load, so a loop of load-then-store would wait a round trip per pair.
 // Only float4s k0 .. k0 + kq - 1 of a and of g (default: all).
 template <int kThreads>
-__device__ __forceinline__ void write_span_rows(const CompressorParams& p, int t0, int n, float* const* dst_s,
-                                                const float* const* tape_s, int k0 = 0, int kq = 0) {
+__device__ __forceinline__ void write_span_rows(const CompressorParams& p, int tid, int t0, int n,
+                                                float* const* dst_s, const float* const* tape_s, int k0 = 0,
+                                                int kq = 0) {
   constexpr int kRowBatch = 2;
   if (kq == 0) kq = p.kc() / 4;
   const int items = n * kq;  // float4s of a (and of g) the span's rows
-  for (int i0 = int(threadIdx.x); i0 < items; i0 += kRowBatch * kThreads) {
+  for (int i0 = tid; i0 < items; i0 += kRowBatch * kThreads) {
     float4 a[kRowBatch], ge[kRowBatch];
 #pragma unroll
     for (int b = 0; b < kRowBatch; ++b) {
       const int i = i0 + b * kThreads, u = i / kq, k = k0 + i % kq;
       if (i >= items) break;
+      if (!dst_s[u]) continue;  // a dead row: nothing to load
       const float* x = p.proj + int64_t(t0 + u) * p.proj_ld;
       a[b] = *reinterpret_cast<const float4*>(x + p.a_col + 4 * k);
       const float4 g = *reinterpret_cast<const float4*>(x + p.g_col() + 4 * k);
@@ -318,27 +349,133 @@ __global__ void __launch_bounds__(kDim, kBatch <= 8 ? 1024 / kDim : 1)
   __shared__ float* dst_s[kDim];         // the span's state rows (span <= kDim)
   __shared__ const float* tape_s[kDim];  // and their ape rows
   __shared__ int list_s[kDim];           // the span's tokens that complete an entry
-  __shared__ int count_s;
   // The metadata, before the wait: rows, the list, the first entry's plan.
-  if (threadIdx.x == 0) count_s = 0;
-  __syncthreads();
-  const int t0 = int(blockIdx.x) * span, n = min(span, p.num_tokens - t0), u = int(threadIdx.x);
-  if (u < n) {
-    dst_s[u] = state_row(p, __ldg(p.row_slot + t0 + u));
-    tape_s[u] = ape_row(p, t0 + u);
-    if (entry_of(p, t0 + u).page) list_s[atomicAdd(&count_s, 1)] = t0 + u;
+  const int t0 = int(blockIdx.x) * span, n = min(span, p.num_tokens - t0), tid = int(threadIdx.x);
+  if (tid < n) {
+    dst_s[tid] = state_row(p, __ldg(p.row_slot + t0 + tid));
+    tape_s[tid] = ape_row(p, t0 + tid);
   }
-  __syncthreads();
-  const int count = count_s;  // entries are independent: their order does not matter
+  const int count = span_entry_list<kDim>(p, t0, n, list_s);  // its barrier: dst_s, tape_s
   EntryPlan e;
-  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], rows_s, nullptr, kDim, apes_s);
+  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], tid, kDim, rows_s, nullptr, kDim, apes_s);
   pdl_start();  // pdl.cuh: launched with pdl_launch
-  write_span_rows<kDim>(p, t0, n, dst_s, tape_s);
+  write_span_rows<kDim>(p, tid, t0, n, dst_s, tape_s);
   for (int k = 0; k < count; ++k) {
     // rows_s, apes_s: every thread read the last entry's before pool_and_finish's barrier.
-    if (k > 0) e = plan_entry(p, args.rope.inv_freq, list_s[k], rows_s, nullptr, kDim, apes_s);
+    if (k > 0) e = plan_entry(p, args.rope.inv_freq, list_s[k], tid, kDim, rows_s, nullptr, kDim, apes_s);
     __syncthreads();
     pool_and_finish<kDim, kBatch>(p, args, e, rows_s, apes_s);
+  }
+}
+
+// pool_channel's operations (compressor_math.h) on channels col .. col + 3
+// of an entry's n <= kQuadRows rows (rows_s, apes_s as plan_entry sets
+// them; rows i >= b_from at b_off further): every row's float4s of a and of
+// the gates in flight before the first is used, each channel's maximum,
+// weights and sums in row order as pool_channel takes them.
+constexpr int kQuadRows = 8;  // m = 4 pools two blocks
+__device__ __forceinline__ float4 pool_quad(const float* const* rows_s, const float* const* apes_s, int n,
+                                            int b_from, int b_off, int kc, int col) {
+  const float kNegInf = -__int_as_float(0x7f800000);
+  float4 a[kQuadRows], g[kQuadRows];
+  unsigned present = 0;
+#pragma unroll
+  for (int b = 0; b < kQuadRows; ++b) {
+    const float* r = b < n ? rows_s[b] : nullptr;
+    if (r == nullptr) continue;
+    present |= 1u << b;
+    const int off = (b >= b_from ? b_off : 0) + col;
+    a[b] = *reinterpret_cast<const float4*>(r + off);
+    g[b] = *reinterpret_cast<const float4*>(r + kc + off);
+    if (const float* ape = apes_s[b]) g[b] = add_rn(g[b], __ldg(reinterpret_cast<const float4*>(ape + off)));
+  }
+  float mx[4] = {kNegInf, kNegInf, kNegInf, kNegInf}, den[4] = {}, num[4] = {};
+#pragma unroll
+  for (int b = 0; b < kQuadRows; ++b) {
+    if (!(present >> b & 1)) continue;
+    const float gb[4] = {g[b].x, g[b].y, g[b].z, g[b].w};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) mx[c] = mx[c] < gb[c] ? gb[c] : mx[c];
+  }
+#pragma unroll
+  for (int b = 0; b < kQuadRows; ++b) {
+    if (!(present >> b & 1)) continue;
+    const float gb[4] = {g[b].x, g[b].y, g[b].z, g[b].w}, ab[4] = {a[b].x, a[b].y, a[b].z, a[b].w};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const float w = pool::exp_f32(pool::fsub(gb[c], mx[c]));
+      den[c] = pool::fadd(den[c], w);
+      num[c] = pool::fadd(num[c], pool::fmul(w, ab[c]));
+    }
+  }
+  return make_float4(pool::fdiv(num[0], den[0]), pool::fdiv(num[1], den[1]), pool::fdiv(num[2], den[2]),
+                     pool::fdiv(num[3], den[3]));
+}
+
+// A barrier of one quad group: a warp, or the whole CTA.
+template <int kGroup>
+__device__ __forceinline__ void group_sync() {
+  if constexpr (kGroup == 32)
+    __syncwarp();
+  else
+    __syncthreads();
+}
+
+// C4A's compressors in a kRuns step (m = 4) on groups of kDim / 4 threads
+// (the main compressor's 128 a CTA, the indexer's 32, four a CTA), each over
+// kQuadTokens tokens: the group writes their rows (those a later token
+// reads) and pools the entries they complete (one; up to four where runs
+// meet) one after another. Thread i holds channels 4i .. 4i + 3 from the
+// pool's float4 loads to the record, so no channel goes through shared
+// memory, and the indexer's group syncs as a warp. (span_kernel's CTA of c
+// threads, one channel a thread, pooled through shared memory; at 512
+// threads two of them an SM held two entries in flight.)
+constexpr int kQuadThreads = 128, kQuadTokens = 4;
+template <int kDim>
+__global__ void __launch_bounds__(kQuadThreads, 4)
+    quad_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args) {
+  constexpr int kGroup = kDim / 4, kGroups = kQuadThreads / kGroup;
+  static_assert(kGroup == 32 || kGroup == kQuadThreads, "a group is a warp or the CTA");
+  __shared__ const float* rows_s[kGroups][kQuadRows];
+  __shared__ const float* apes_s[kGroups][kQuadRows];
+  __shared__ float* dst_s[kGroups][kQuadTokens];
+  __shared__ const float* tape_s[kGroups][kQuadTokens];
+  __shared__ unsigned ends_s[kGroups];
+  __shared__ double red_s[kQuadThreads / 32];
+  const int g = int(threadIdx.x) / kGroup, i = int(threadIdx.x) % kGroup;
+  const int t0 = (int(blockIdx.x) * kGroups + g) * kQuadTokens, n = max(0, min(kQuadTokens, p.num_tokens - t0));
+  // The metadata, before the wait: rows, which tokens complete an entry, the first entry's plan.
+  if (i < n) {
+    dst_s[g][i] = state_row(p, __ldg(p.row_slot + t0 + i));
+    tape_s[g][i] = ape_row(p, t0 + i);
+  }
+  if (i < 32) {  // the group's first warp
+    const unsigned ends = __ballot_sync(0xffffffffu, i < n && entry_of(p, t0 + i).page != nullptr);
+    if (i == 0) ends_s[g] = ends;
+  }
+  group_sync<kGroup>();
+  unsigned ends = ends_s[g];
+  EntryPlan e;
+  if (ends) e = plan_entry(p, args.rope.inv_freq, t0 + __ffs(ends) - 1, i, kGroup, rows_s[g], nullptr, kDim, apes_s[g]);
+  pdl_start();  // pdl.cuh: launched with pdl_launch
+  write_span_rows<kGroup>(p, i, t0, n, dst_s[g], tape_s[g]);
+  while (ends) {
+    group_sync<kGroup>();  // rows_s, apes_s
+    float y[4];
+    round_pooled(pool_quad(rows_s[g], apes_s[g], e.n, int(e.j * 4 - e.first), kDim, p.kc(), 4 * i), y);
+    double ss = sum_squares4(y);
+    if constexpr (kGroup == 32) {
+      ss = group_sum<32>(ss);  // red_sum of the warp's one partial: the same bits
+    } else {
+      warp_partial(ss, red_s);
+      __syncthreads();
+      ss = red_sum(red_s, 0, kGroup / 32);
+    }
+    store_entry<kDim>(p, args, e, i, rms_inv(ss, kDim, p.eps), e.cs, y);
+    ends &= ends - 1;
+    if (!ends) break;
+    group_sync<kGroup>();  // every thread has read rows_s, apes_s and red_s
+    e = plan_entry(p, args.rope.inv_freq, t0 + __ffs(ends) - 1, i, kGroup, rows_s[g], nullptr, kDim, apes_s[g]);
   }
 }
 
@@ -463,7 +600,7 @@ __global__ void __launch_bounds__(kWideThreads)
   const float* ape = ape_row(p, t);
   // rank 0 finishes (its factors). The own row, at t's position, is staged
   // from the projection (its slot in rows_s not read).
-  const EntryPlan e = plan_entry(p, args.rope.inv_freq, t, rows_s, nullptr, rank == 0 ? kKvDim : 0);
+  const EntryPlan e = plan_entry(p, args.rope.inv_freq, t, tid, kWideThreads, rows_s, nullptr, rank == 0 ? kKvDim : 0);
   const int64_t own_i = __ldg(p.positions + t) - e.first;  // the own row's place in the window
   __syncthreads();  // rows_s
   pdl_start();      // pdl.cuh: launched with pdl_launch_clustered
@@ -542,27 +679,26 @@ __global__ void __launch_bounds__(kWideThreads)
   __shared__ float mx_s[kWideParts][kWideCh];
   const int tid = int(threadIdx.x), rank = int(blockIdx.x) % kWideSplit;
   const int t0 = int(blockIdx.x) / kWideSplit * span, n = min(span, p.num_tokens - t0), c0 = rank * kWideCh;
-  // The metadata, before the wait: rows, the list, the first entry's plan.
-  const bool completes = tid < n && entry_of(p, t0 + tid).page;
+  // The metadata, before the wait: rows, the list (the same on every CTA of
+  // the cluster), the first entry's plan.
   if (tid < n) {
     dst_s[tid] = state_row(p, __ldg(p.row_slot + t0 + tid));
     tape_s[tid] = ape_row(p, t0 + tid);
   }
-  int count = 0;
-  const int at = block_exclusive_scan<kWideThreads>(int(completes), &count);
-  if (completes) list_s[at] = t0 + tid;
-  __syncthreads();
+  const int count = span_entry_list<kWideThreads>(p, t0, n, list_s);  // its barrier: dst_s, tape_s
   EntryPlan e;
-  if (count > 0) e = plan_entry(p, args.rope.inv_freq, list_s[0], rows_s, nullptr, rank == 0 ? kKvDim : 0, apes_s);
+  const int finish_dim = rank == 0 ? kKvDim : 0;  // rank 0 finishes
+  if (count > 0)
+    e = plan_entry(p, args.rope.inv_freq, list_s[0], tid, kWideThreads, rows_s, nullptr, finish_dim, apes_s);
   __syncthreads();  // rows_s, apes_s
   pdl_start();      // pdl.cuh: launched with pdl_launch_clustered
-  write_span_rows<kWideThreads>(p, t0, n, dst_s, tape_s, c0 / 4, kWideCh / 4);
+  write_span_rows<kWideThreads>(p, tid, t0, n, dst_s, tape_s, c0 / 4, kWideCh / 4);
   if (count == 0) return;  // the same for the whole cluster
   cluster_arrive_relaxed();  // this CTA has started: rank 0 waits for all before its v_s is written
   for (int k = 0; k < count; ++k) {
     if (k > 0) {
       cluster_sync();  // the last entry is done on every CTA: stage, rows_s and rank 0's v_s are free
-      e = plan_entry(p, args.rope.inv_freq, list_s[k], rows_s, nullptr, rank == 0 ? kKvDim : 0, apes_s);
+      e = plan_entry(p, args.rope.inv_freq, list_s[k], tid, kWideThreads, rows_s, nullptr, finish_dim, apes_s);
       __syncthreads();
     }
     stage_slices(p, e, rows_s, apes_s, stage, c0);
@@ -636,17 +772,24 @@ void launch_entries_for(const CompressorParams& p, const EntryArgs& args, CUstre
 
 int g_span_tokens = 0;        // set_compressor_span_tokens
 bool g_span_clusters = true;  // set_compressor_span_tokens
+int g_quad_from = -1;         // set_compressor_quad_from
 
-// The rule of kRuns steps: every compressor on one kernel, 4 tokens a CTA at
-// m = 4 and clusters of 64 tokens (16 below 1,024 tokens) for C128A's main
-// entries. From fused_bench on an H100 (sixty-eighth session, BN2-BN3, the
-// state blocks with pages only where a later token reads them; us, the two
-// kernels in brackets): C4A main 8,192 tokens 82.9 [84.4], 1,024 11.6 [13.6],
-// 128 7.9 [11.3]; its indexer 23.6 [34.5], 7.9 [7.9], 6.3 [7.5]; C128A 53.4
-// [142.5] at 8,192, 14.3 at 1,024 (span 16: 19.4), 11.3 at 128 (span 64:
-// 12.6). The two kernels lost once their entries read the step's rows from
-// the projection instead of rows the rows kernel had just left in L2.
-constexpr int kSpan4 = 4, kWideSpan = 64, kWideShortSpan = 16, kWideShortBelow = 1024;
+// The rule of kRuns steps: every compressor on one kernel. At m = 4
+// quad_kernel from kQuadMainFrom tokens (the main compressor) or
+// kQuadIndexFrom (the indexer's), below them span_kernel at kSpan4 tokens a
+// CTA; C128A's main entries on clusters of 64 tokens (16 below 1,024).
+// fused_bench on an H100, us (sixty-ninth session, BO2, one build;
+// span_kernel at 4 tokens a CTA in brackets): C4A main 8,192 tokens 62.0
+// [91.6], 4,096 31.7 [46.1], 1,024 12.8 [12.1], 512 12.1 [9.7], 128 11.9
+// [9.2]; its indexer 16.7 [24.3], 13.1 [12.6], 12.1 [9.2], 12.0 [9.1], 9.2
+// [6.4]. quad_kernel's groups pool an entry with four times the work a
+// thread, which a short step's one wave does not hide. C128A (sixty-eighth
+// session, BN2-BN3; two kernels in brackets): 53.4 [142.5] at 8,192, 14.3 at
+// 1,024 (span 16: 19.4), 11.3 at 128 (span 64: 12.6); two kernels lost once
+// their entries read the step's rows from the projection instead of rows
+// the rows kernel had just left in L2.
+constexpr int kSpan4 = 4, kQuadMainFrom = 4096, kQuadIndexFrom = 8192;
+constexpr int kWideSpan = 64, kWideShortSpan = 16, kWideShortBelow = 1024;
 
 // span_wide_kernel over spans of kWideSpan tokens (kWideShortSpan in a short step).
 void launch_span_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
@@ -661,11 +804,22 @@ void launch_span_wide(const CompressorParams& p, const EntryArgs& args, CUstream
                        kWideSmemBytes, stream, dim3(kWideSplit), p, args, span);
 }
 
-// span_kernel over kSpan4 tokens a CTA (m = 4) or spans that give about one
-// wave of resident CTAs (m = 128 without clusters); C128A's main entries on
-// clusters.
+// quad_kernel: a group of kQuadTokens tokens (the indexer's four a CTA).
+void launch_quad(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
+  const unsigned groups = unsigned((p.num_tokens + kQuadTokens - 1) / kQuadTokens);
+  if (p.dim == kKvDim)
+    pdl_launch(quad_kernel<kKvDim>, groups, kQuadThreads, 0, stream, p, args);
+  else
+    pdl_launch(quad_kernel<kIndexDim>, (groups + 3) / 4, kQuadThreads, 0, stream, p, args);
+}
+
+// quad_kernel at m = 4 in a long step, else span_kernel over kSpan4 tokens
+// a CTA (m = 4) or spans that give about one wave of resident CTAs (m = 128
+// without clusters); C128A's main entries on clusters.
 void launch_span(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
   if (g_span_clusters && p.dim == kKvDim && p.ratio == 128) return launch_span_wide(p, args, stream);
+  const int quad_from = g_quad_from >= 0 ? g_quad_from : p.dim == kKvDim ? kQuadMainFrom : kQuadIndexFrom;
+  if (p.ratio == 4 && g_span_tokens == 0 && p.num_tokens >= quad_from) return launch_quad(p, args, stream);
   with_shape(p, [&]<int kDim, int kBatch>() {
     static const int wave = resident_ctas(span_kernel<kDim, kBatch>, kDim);
     const int T = p.num_tokens;
@@ -683,6 +837,7 @@ void set_compressor_span_tokens(int tokens, bool clusters) {
   g_span_tokens = tokens;
   g_span_clusters = clusters;
 }
+void set_compressor_quad_from(int tokens) { g_quad_from = tokens; }
 
 int compressor_kernels(const CompressorParams& p, CompressorLaunch mode) {
   if (p.num_tokens == 0) return 0;

@@ -65,9 +65,14 @@ inline constexpr const char* kWideStampNames[kWideStampCount] = {
     "entry", "waited", "staged", "maxima", "weights", "cluster waited", "sums sent", "gathered", "done"};
 void set_compressor_wide_stamps(unsigned long long* stamps);
 // Diagnostics (fused_bench --comp-span): above 0, kRuns steps take that
-// many tokens a CTA (or cluster; capped at c and at 256); 0: the launcher's
-// rule; below 0, kRuns launches kAny's two kernels. clusters = false:
-// C128A's main entries on the one-CTA kernel.
+// many tokens a CTA (or cluster; capped at c and at 256) on the span
+// kernels, at m = 4 too; 0: the launcher's rule; below 0, kRuns launches
+// kAny's two kernels. clusters = false: C128A's main entries on the one-CTA
+// kernel.
 void set_compressor_span_tokens(int tokens, bool clusters = true);
+// Diagnostics (fused_bench --comp-quad-from): under the launcher's rule, m = 4
+// kRuns steps of at least `tokens` tokens take the quad kernel (0: every
+// one); -1: the rule's own bounds.
+void set_compressor_quad_from(int tokens);
 
 }  // namespace dsv4::cuda

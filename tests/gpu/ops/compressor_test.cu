@@ -8,8 +8,9 @@
 // end of the 1M context, caches past 2 GiB and, for C128A's decode cluster
 // kernel, maxima that tie +0 and -0 and a block end without state pages; each
 // step also as a kRuns step (one kernel pooling the step's rows from the
-// projection) under the launcher's rule and with spans of 1, 3, 4, 7 and the
-// most tokens a CTA, asserting which launch ran; and steps whose state
+// projection) under the launcher's rule, on the quad kernel at m = 4 (groups
+// of 4 tokens, which runs of 3, 4, 37, 4 and 1 tokens cross) and with spans
+// of 1, 3, 4, 7 and the most tokens a CTA, asserting which launch ran; and steps whose state
 // blocks have pages only where a later token reads them, as the block
 // manager gives them (the records the same bits as with every block mapped).
 // compress_cpu itself is checked
@@ -74,6 +75,7 @@ struct CompSpec {
   bool live_state_only = false;
   int kernels = 0;  // > 0: the launches compressor_kernels must report
   int span = 0;     // set_compressor_span_tokens during the call
+  int quad_from = -1;  // set_compressor_quad_from during the call (0: quad_kernel at m = 4)
   bool clusters = true;
 };
 
@@ -345,9 +347,11 @@ void run_compressor(const CompSpec& spec, std::vector<uint8_t>* records = nullpt
   const CompressorParams dp = k.params(d_proj.get(), d_ape.get(), d_norm.get(), d_pos.get(), d_run.get(), d_row.get(),
                                        d_entry.get(), d_pages.get(), d_first.get(), d_state.get(), d_out.get());
   cuda::set_compressor_span_tokens(spec.span, spec.clusters);
+  cuda::set_compressor_quad_from(spec.quad_from);
   const int kernels = cuda::compressor_kernels(dp, spec.launch);
   cuda::compressor_cuda(dp, nullptr, spec.launch);
   cuda::set_compressor_span_tokens(0);
+  cuda::set_compressor_quad_from(-1);
   sync_and_check("compressor_cuda");
   if (spec.kernels > 0) ASSERT_EQ(kernels, spec.kernels) << "not the launch the test asks for";
   const std::vector<uint8_t> state_got = d_state.download(), out_got = d_out.download();
@@ -506,24 +510,28 @@ TEST_F(Compressor, C4ADecodeCachesPast2GiB) {
 
 // kRuns steps (what the engine launches for any step with a run of several
 // tokens): one kernel whose CTAs write their rows and pool their entries
-// (the launcher's rule: 4 tokens a CTA at m = 4, C128A on clusters of 64
-// tokens, 16 in a step below 1,024). The runs of the kAny tests under the
-// rule and with spans forced: 1 token a CTA, 3, 4, 7, the largest; -1 asks
-// for kAny's two kernels.
+// (the launcher's rule: at m = 4 quad_kernel from 4,096 tokens, 8,192 for
+// the indexer's, below them 4 tokens a CTA of span_kernel; C128A on clusters
+// of 64 tokens, 16 in a step below 1,024). The runs of the kAny tests under
+// the rule, on the quad kernel (kQuad) and with spans forced (span_kernel,
+// or C128A's clusters of that many tokens): 1 token a CTA, 3, 7, the
+// largest; -1 asks for kAny's two kernels.
+constexpr int kQuad = -2;
 CompSpec runs_spec(int m, int c, EntryFormat record, std::vector<RunSpec> runs, uint64_t seed, int span,
                    int kernels) {
   CompSpec spec{m, c, record, c == 128, std::move(runs), false, seed, cuda::CompressorLaunch::kRuns};
-  spec.span = span;
+  spec.span = span == kQuad ? 0 : span;
+  spec.quad_from = span == kQuad ? 0 : -1;
   spec.kernels = kernels;
   return spec;
 }
 constexpr EntryFormat kMla = EntryFormat::kFp8DsMla;
-TEST_F(Compressor, C4AMainRuns) { run_compressor(runs_spec(4, 512, kMla, c4a_runs(), 81, 4, 1)); }
+TEST_F(Compressor, C4AMainRuns) { run_compressor(runs_spec(4, 512, kMla, c4a_runs(), 81, kQuad, 1)); }
 TEST_F(Compressor, C4AIndexerFp8KeysRuns) {
-  run_compressor(runs_spec(4, 128, EntryFormat::kIndexFp8, c4a_runs(), 82, 4, 1));
+  run_compressor(runs_spec(4, 128, EntryFormat::kIndexFp8, c4a_runs(), 82, kQuad, 1));
 }
 TEST_F(Compressor, C4AIndexerMxfp4KeysRuns) {
-  run_compressor(runs_spec(4, 128, EntryFormat::kIndexMxfp4, c4a_runs(), 83, 4, 1));
+  run_compressor(runs_spec(4, 128, EntryFormat::kIndexMxfp4, c4a_runs(), 83, kQuad, 1));
 }
 TEST_F(Compressor, C128AMainRuns) { run_compressor(runs_spec(128, 512, kMla, c128a_runs(), 84, 0, 1)); }
 TEST_F(Compressor, C4APrefillChunkRuns) {
@@ -555,7 +563,7 @@ TEST_F(Compressor, C4ARunsLargestSpan) {
 }
 TEST_F(Compressor, C4ARunsTwoKernelsAskedFor) { run_compressor(runs_spec(4, 512, kMla, c4a_runs(), 92, -1, 2)); }
 TEST_F(Compressor, C4ARunsCachesPast2GiB) {
-  CompSpec spec = runs_spec(4, 512, kMla, {{10, 37}, {1048572, 4}}, 94, 4, 1);
+  CompSpec spec = runs_spec(4, 512, kMla, {{10, 37}, {1048572, 4}}, 94, kQuad, 1);
   spec.big = true;
   run_compressor(spec);
 }
@@ -567,7 +575,7 @@ TEST_F(Compressor, C128ARunsCachesPast2GiB) {
 // Rows of the step in every pooled window but one unmapped run: nothing of
 // its state may be read or written, its entries pool its rows of this step.
 TEST_F(Compressor, C4ARunsWithoutStatePages) {
-  CompSpec spec = runs_spec(4, 512, kMla, {{10, 37}, {100, 20}}, 96, 4, 1);
+  CompSpec spec = runs_spec(4, 512, kMla, {{10, 37}, {100, 20}}, 96, kQuad, 1);
   spec.unmapped_run = 1;
   run_compressor(spec);
 }
@@ -596,8 +604,11 @@ void check_live_state_only(CompSpec spec) {
   const int64_t o = first_diff(full.data(), live.data(), full.size());
   EXPECT_EQ(o, -1) << "records differ without the dead blocks' pages at byte " << o;
 }
-TEST_F(Compressor, C4AMainLiveStateOnly) {  // the rule: 4 tokens a CTA
-  check_live_state_only(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}, {10, 37}}, 101, 0, 1));
+TEST_F(Compressor, C4AMainLiveStateOnly) {  // the quad kernel
+  check_live_state_only(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}, {10, 37}}, 101, kQuad, 1));
+}
+TEST_F(Compressor, C4AMainLiveStateOnlyRule) {  // 2,600 tokens: 4 tokens a CTA
+  check_live_state_only(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}, {10, 37}}, 108, 0, 1));
 }
 TEST_F(Compressor, C4AMainLiveStateOnlyTwoKernels) {
   check_live_state_only(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}, {10, 37}}, 102, -1, 2));
