@@ -8,11 +8,12 @@
 // end of the 1M context, caches past 2 GiB and, for C128A's decode cluster
 // kernel, maxima that tie +0 and -0 and a block end without state pages; each
 // step also as a kRuns step (one kernel pooling the step's rows from the
-// projection) under the launcher's rule, on the quad kernel at m = 4 (groups
-// of 4 tokens, which runs of 3, 4, 37, 4 and 1 tokens cross) and with spans
-// of 1, 3, 4, 7 and the most tokens a CTA, asserting which launch ran; and steps whose state
-// blocks have pages only where a later token reads them, as the block
-// manager gives them (the records the same bits as with every block mapped).
+// projection) under the launcher's rule (at m = 4 in a short step 4 tokens a
+// CTA), on the quad kernel at m = 4 (groups of 4 tokens, which runs of 3, 4,
+// 37, 4 and 1 tokens cross) and with spans of 1, 3, 7 and the most tokens a
+// CTA, asserting which launch ran; and steps whose state blocks have pages
+// only where a later token reads them, as the block manager gives them (the
+// records the same bits as with every block mapped).
 // compress_cpu itself is checked
 // against the direct formula of SPEC §4.3 in double precision, and the shared
 // exp_f32 for accuracy and host/device identity. Device tests skip without a
