@@ -157,7 +157,7 @@ void BlockManager::reserve(int64_t id, int64_t start, int len) {
     missing_blocks(t, want, need_pages);
     std::erase_if(need_pages, [&](int64_t b) { return !spec_.needs_page(g, b, start, len); });
     const BlockPool& pool = pools_[size_t(g)];
-    const size_t need = missing[size_t(g)].size();
+    const size_t need = need_pages.size();
     if (int64_t(need) > pool.free_count())
       throw CacheExhausted("request " + std::to_string(id) + ": cache '" + std::string(cache_group_name(g)) +
                            "' is exhausted: positions " + std::to_string(start) + ".." +

@@ -431,10 +431,12 @@ __device__ __forceinline__ void group_sync() {
 // threads, one channel a thread, pooled through shared memory; at 512
 // threads two of them an SM held two entries in flight.)
 constexpr int kQuadThreads = 128, kQuadTokens = 4;
+// Groups a CTA of the quad kernel for c = dim: 1 (main), 4 (indexer).
+__host__ __device__ constexpr int quad_groups(int dim) { return kQuadThreads / (dim / 4); }
 template <int kDim>
 __global__ void __launch_bounds__(kQuadThreads, 4)
     quad_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args) {
-  constexpr int kGroup = kDim / 4, kGroups = kQuadThreads / kGroup;
+  constexpr int kGroup = kDim / 4, kGroups = quad_groups(kDim);
   static_assert(kGroup == 32 || kGroup == kQuadThreads, "a group is a warp or the CTA");
   __shared__ const float* rows_s[kGroups][kQuadRows];
   __shared__ const float* apes_s[kGroups][kQuadRows];
@@ -804,13 +806,14 @@ void launch_span_wide(const CompressorParams& p, const EntryArgs& args, CUstream
                        kWideSmemBytes, stream, dim3(kWideSplit), p, args, span);
 }
 
-// quad_kernel: a group of kQuadTokens tokens (the indexer's four a CTA).
+// quad_kernel: a group of kQuadTokens tokens, quad_groups(c) of them a CTA.
 void launch_quad(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {
   const unsigned groups = unsigned((p.num_tokens + kQuadTokens - 1) / kQuadTokens);
+  const unsigned per_cta = unsigned(quad_groups(p.dim)), ctas = (groups + per_cta - 1) / per_cta;
   if (p.dim == kKvDim)
-    pdl_launch(quad_kernel<kKvDim>, groups, kQuadThreads, 0, stream, p, args);
+    pdl_launch(quad_kernel<kKvDim>, ctas, kQuadThreads, 0, stream, p, args);
   else
-    pdl_launch(quad_kernel<kIndexDim>, (groups + 3) / 4, kQuadThreads, 0, stream, p, args);
+    pdl_launch(quad_kernel<kIndexDim>, ctas, kQuadThreads, 0, stream, p, args);
 }
 
 // quad_kernel at m = 4 in a long step, else span_kernel over kSpan4 tokens
