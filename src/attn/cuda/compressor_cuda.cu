@@ -299,7 +299,10 @@ __global__ void __launch_bounds__(kDim)
 // none), their ape rows tape_s[u], by threads tid of kThreads. Each thread loads
 // kRowBatch float4 pairs before it stores any: a store may alias the next
 // load, so a loop of load-then-store would wait a round trip per pair.
-// Only float4s k0 .. k0 + kq - 1 of a and of g (default: all).
+// Only float4s k0 .. k0 + kq - 1 of a and of g (default: all). A dead row's
+// loads are made all the same: skipping them made span_kernel slower at
+// every size (BP1 on an H100, C4A at 8,192 tokens 84.9 us, 91.8 with the
+// skip; the indexer's at 1,024 7.9, 9.2).
 template <int kThreads>
 __device__ __forceinline__ void write_span_rows(const CompressorParams& p, int tid, int t0, int n,
                                                 float* const* dst_s, const float* const* tape_s, int k0 = 0,
@@ -313,7 +316,6 @@ __device__ __forceinline__ void write_span_rows(const CompressorParams& p, int t
     for (int b = 0; b < kRowBatch; ++b) {
       const int i = i0 + b * kThreads, u = i / kq, k = k0 + i % kq;
       if (i >= items) break;
-      if (!dst_s[u]) continue;  // a dead row: nothing to load
       const float* x = p.proj + int64_t(t0 + u) * p.proj_ld;
       a[b] = *reinterpret_cast<const float4*>(x + p.a_col + 4 * k);
       const float4 g = *reinterpret_cast<const float4*>(x + p.g_col() + 4 * k);
@@ -368,44 +370,79 @@ __global__ void __launch_bounds__(kDim, kBatch <= 8 ? 1024 / kDim : 1)
   }
 }
 
-// pool_channel's operations (compressor_math.h) on channels col .. col + 3
-// of an entry's n <= kQuadRows rows (rows_s, apes_s as plan_entry sets
-// them; rows i >= b_from at b_off further): every row's float4s of a and of
-// the gates in flight before the first is used, each channel's maximum,
-// weights and sums in row order as pool_channel takes them.
-constexpr int kQuadRows = 8;  // m = 4 pools two blocks
-__device__ __forceinline__ float4 pool_quad(const float* const* rows_s, const float* const* apes_s, int n,
-                                            int b_from, int b_off, int kc, int col) {
-  const float kNegInf = -__int_as_float(0x7f800000);
-  float4 a[kQuadRows], g[kQuadRows];
+// C4A's compressors in a kRuns step (m = 4) on groups of kDim / 4 threads
+// (the main compressor's 128 a CTA, the indexer's 32, four a CTA), each over
+// kQuadTokens tokens: the group writes their rows (those a later token
+// reads) and pools the entries they complete (one; up to four where runs
+// meet) one after another. Thread i holds channels 4i .. 4i + 3 from the
+// pool's loads to the record, so no channel goes through another thread,
+// and the indexer's group syncs as a warp. The pool's loads are cp.async
+// copies into the thread's own stage in shared memory, all in flight at
+// once: held in registers (125 of them) they allowed 4 CTAs an SM, and the
+// compiler serialized the ape rows' loads. (span_kernel's CTA of c threads,
+// one channel a thread, pooled through shared memory at two CTAs an SM.)
+constexpr int kQuadThreads = 128, kQuadTokens = 4, kQuadRows = 8;  // m = 4 pools two blocks
+// Groups a CTA of the quad kernel for c = dim: 1 (main), 4 (indexer).
+__host__ __device__ constexpr int quad_groups(int dim) { return kQuadThreads / (dim / 4); }
+constexpr int kQuadCtas = 6;  // an SM: the stages' 32 KB a CTA
+
+// A thread's stage: float4 (row b, half h: 0 a, 1 g) at [b][h][threadIdx.x],
+// so a warp's 16-byte accesses are consecutive.
+using QuadStage = float4[kQuadRows][2][kQuadThreads];
+
+// Thread i's channels col .. col + 3 of entry e's rows (rows_s, apes_s as
+// plan_entry sets them; rows b >= b_from at b_off further) into its stage;
+// returns the rows present (bit b). The caller waits for the copies.
+__device__ __forceinline__ unsigned stage_quad(QuadStage& stage, const float* const* rows_s, int n, int b_from,
+                                               int b_off, int kc, int col) {
   unsigned present = 0;
 #pragma unroll
   for (int b = 0; b < kQuadRows; ++b) {
     const float* r = b < n ? rows_s[b] : nullptr;
     if (r == nullptr) continue;
     present |= 1u << b;
-    const int off = (b >= b_from ? b_off : 0) + col;
-    a[b] = *reinterpret_cast<const float4*>(r + off);
-    g[b] = *reinterpret_cast<const float4*>(r + kc + off);
-    if (const float* ape = apes_s[b]) g[b] = add_rn(g[b], __ldg(reinterpret_cast<const float4*>(ape + off)));
+    const float* x = r + (b >= b_from ? b_off : 0) + col;
+    cp_async_16(smem_u32(&stage[b][0][threadIdx.x]), x, 16);
+    cp_async_16(smem_u32(&stage[b][1][threadIdx.x]), x + kc, 16);
   }
+  cp_async_commit();
+  return present;
+}
+
+// Row b's gates from the stage, with its ape row added where it has one (the
+// state row's sum: the same bits).
+__device__ __forceinline__ float4 staged_gates(const QuadStage& stage, const float* const* apes_s, int b,
+                                               int b_from, int b_off, int col) {
+  const float4 g = stage[b][1][threadIdx.x];
+  const float* ape = apes_s[b];
+  return ape ? add_rn(g, __ldg(reinterpret_cast<const float4*>(ape + (b >= b_from ? b_off : 0) + col))) : g;
+}
+
+// pool_channel's operations (compressor_math.h) on the staged channels:
+// each channel's maximum over the present rows, then its weights and sums
+// in row order.
+__device__ __forceinline__ float4 pool_quad(const QuadStage& stage, const float* const* apes_s, unsigned present,
+                                            int b_from, int b_off, int col) {
+  const float kNegInf = -__int_as_float(0x7f800000);
   float mx[4] = {kNegInf, kNegInf, kNegInf, kNegInf}, den[4] = {}, num[4] = {};
 #pragma unroll
   for (int b = 0; b < kQuadRows; ++b) {
     if (!(present >> b & 1)) continue;
-    const float gb[4] = {g[b].x, g[b].y, g[b].z, g[b].w};
+    const float4 g4 = staged_gates(stage, apes_s, b, b_from, b_off, col);
+    const float g[4] = {g4.x, g4.y, g4.z, g4.w};
 #pragma unroll
-    for (int c = 0; c < 4; ++c) mx[c] = mx[c] < gb[c] ? gb[c] : mx[c];
+    for (int c = 0; c < 4; ++c) mx[c] = mx[c] < g[c] ? g[c] : mx[c];
   }
 #pragma unroll
   for (int b = 0; b < kQuadRows; ++b) {
     if (!(present >> b & 1)) continue;
-    const float gb[4] = {g[b].x, g[b].y, g[b].z, g[b].w}, ab[4] = {a[b].x, a[b].y, a[b].z, a[b].w};
+    const float4 g4 = staged_gates(stage, apes_s, b, b_from, b_off, col), a4 = stage[b][0][threadIdx.x];
+    const float g[4] = {g4.x, g4.y, g4.z, g4.w}, a[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const float w = pool::exp_f32(pool::fsub(gb[c], mx[c]));
+      const float w = pool::exp_f32(pool::fsub(g[c], mx[c]));
       den[c] = pool::fadd(den[c], w);
-      num[c] = pool::fadd(num[c], pool::fmul(w, ab[c]));
+      num[c] = pool::fadd(num[c], pool::fmul(w, a[c]));
     }
   }
   return make_float4(pool::fdiv(num[0], den[0]), pool::fdiv(num[1], den[1]), pool::fdiv(num[2], den[2]),
@@ -421,50 +458,45 @@ __device__ __forceinline__ void group_sync() {
     __syncthreads();
 }
 
-// C4A's compressors in a kRuns step (m = 4) on groups of kDim / 4 threads
-// (the main compressor's 128 a CTA, the indexer's 32, four a CTA), each over
-// kQuadTokens tokens: the group writes their rows (those a later token
-// reads) and pools the entries they complete (one; up to four where runs
-// meet) one after another. Thread i holds channels 4i .. 4i + 3 from the
-// pool's float4 loads to the record, so no channel goes through shared
-// memory, and the indexer's group syncs as a warp. (span_kernel's CTA of c
-// threads, one channel a thread, pooled through shared memory; at 512
-// threads two of them an SM held two entries in flight.)
-constexpr int kQuadThreads = 128, kQuadTokens = 4;
-// Groups a CTA of the quad kernel for c = dim: 1 (main), 4 (indexer).
-__host__ __device__ constexpr int quad_groups(int dim) { return kQuadThreads / (dim / 4); }
 template <int kDim>
-__global__ void __launch_bounds__(kQuadThreads, 4)
+__global__ void __launch_bounds__(kQuadThreads, kQuadCtas)
     quad_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args) {
   constexpr int kGroup = kDim / 4, kGroups = quad_groups(kDim);
   static_assert(kGroup == 32 || kGroup == kQuadThreads, "a group is a warp or the CTA");
+  __shared__ QuadStage stage;
   __shared__ const float* rows_s[kGroups][kQuadRows];
   __shared__ const float* apes_s[kGroups][kQuadRows];
   __shared__ float* dst_s[kGroups][kQuadTokens];
   __shared__ const float* tape_s[kGroups][kQuadTokens];
-  __shared__ unsigned ends_s[kGroups];
+  __shared__ unsigned ends_s[kGroups], lives_s[kGroups];
   __shared__ double red_s[kQuadThreads / 32];
-  const int g = int(threadIdx.x) / kGroup, i = int(threadIdx.x) % kGroup;
+  const int g = int(threadIdx.x) / kGroup, i = int(threadIdx.x) % kGroup, col = 4 * i;
   const int t0 = (int(blockIdx.x) * kGroups + g) * kQuadTokens, n = max(0, min(kQuadTokens, p.num_tokens - t0));
-  // The metadata, before the wait: rows, which tokens complete an entry, the first entry's plan.
-  if (i < n) {
-    dst_s[g][i] = state_row(p, __ldg(p.row_slot + t0 + i));
-    tape_s[g][i] = ape_row(p, t0 + i);
-  }
+  // The metadata, before the wait: the rows (and which the group writes),
+  // the tokens that complete an entry, the first entry's plan.
   if (i < 32) {  // the group's first warp
+    float* dst = i < n ? state_row(p, __ldg(p.row_slot + t0 + i)) : nullptr;
+    if (i < n) dst_s[g][i] = dst, tape_s[g][i] = ape_row(p, t0 + i);
+    const unsigned lives = __ballot_sync(0xffffffffu, dst != nullptr);
     const unsigned ends = __ballot_sync(0xffffffffu, i < n && entry_of(p, t0 + i).page != nullptr);
-    if (i == 0) ends_s[g] = ends;
+    if (i == 0) ends_s[g] = ends, lives_s[g] = lives;
   }
   group_sync<kGroup>();
   unsigned ends = ends_s[g];
+  const int b_off = kDim, kc = p.kc();  // m = 4: rows of block j pool their B half
   EntryPlan e;
-  if (ends) e = plan_entry(p, args.rope.inv_freq, t0 + __ffs(ends) - 1, i, kGroup, rows_s[g], nullptr, kDim, apes_s[g]);
-  pdl_start();  // pdl.cuh: launched with pdl_launch
-  write_span_rows<kGroup>(p, i, t0, n, dst_s[g], tape_s[g]);
-  while (ends) {
+  if (ends) {
+    e = plan_entry(p, args.rope.inv_freq, t0 + __ffs(ends) - 1, i, kGroup, rows_s[g], nullptr, kDim, apes_s[g]);
     group_sync<kGroup>();  // rows_s, apes_s
+  }
+  pdl_start();  // pdl.cuh: launched with pdl_launch
+  unsigned present = ends ? stage_quad(stage, rows_s[g], e.n, int(e.j * 4 - e.first), b_off, kc, col) : 0;
+  if (lives_s[g]) write_span_rows<kGroup>(p, i, t0, n, dst_s[g], tape_s[g]);  // while the copies fly
+  while (ends) {
+    const int b_from = int(e.j * 4 - e.first);
+    cp_async_wait_group<0>();  // the thread's own stage: no barrier
     float y[4];
-    round_pooled(pool_quad(rows_s[g], apes_s[g], e.n, int(e.j * 4 - e.first), kDim, p.kc(), 4 * i), y);
+    round_pooled(pool_quad(stage, apes_s[g], present, b_from, b_off, col), y);
     double ss = sum_squares4(y);
     if constexpr (kGroup == 32) {
       ss = group_sum<32>(ss);  // red_sum of the warp's one partial: the same bits
@@ -478,6 +510,8 @@ __global__ void __launch_bounds__(kQuadThreads, 4)
     if (!ends) break;
     group_sync<kGroup>();  // every thread has read rows_s, apes_s and red_s
     e = plan_entry(p, args.rope.inv_freq, t0 + __ffs(ends) - 1, i, kGroup, rows_s[g], nullptr, kDim, apes_s[g]);
+    group_sync<kGroup>();  // rows_s, apes_s
+    present = stage_quad(stage, rows_s[g], e.n, int(e.j * 4 - e.first), b_off, kc, col);
   }
 }
 
@@ -780,17 +814,17 @@ int g_quad_from = -1;         // set_compressor_quad_from
 // quad_kernel from kQuadMainFrom tokens (the main compressor) or
 // kQuadIndexFrom (the indexer's), below them span_kernel at kSpan4 tokens a
 // CTA; C128A's main entries on clusters of 64 tokens (16 below 1,024).
-// fused_bench on an H100, us (sixty-ninth session, BO2, one build;
-// span_kernel at 4 tokens a CTA in brackets): C4A main 8,192 tokens 62.0
-// [91.6], 4,096 31.7 [46.1], 1,024 12.8 [12.1], 512 12.1 [9.7], 128 11.9
-// [9.2]; its indexer 16.7 [24.3], 13.1 [12.6], 12.1 [9.2], 12.0 [9.1], 9.2
-// [6.4]. quad_kernel's groups pool an entry with four times the work a
-// thread, which a short step's one wave does not hide. C128A (sixty-eighth
-// session, BN2-BN3; two kernels in brackets): 53.4 [142.5] at 8,192, 14.3 at
-// 1,024 (span 16: 19.4), 11.3 at 128 (span 64: 12.6); two kernels lost once
-// their entries read the step's rows from the projection instead of rows
-// the rows kernel had just left in L2.
-constexpr int kSpan4 = 4, kQuadMainFrom = 4096, kQuadIndexFrom = 8192;
+// fused_bench on an H100, us (seventieth session, BP1, one build;
+// span_kernel at 4 tokens a CTA in brackets): C4A main 8,192 tokens 53.6
+// [84.9], 4,096 33.7 [43.2], 2,048 17.1 [22.5], 1,024 14.0 [11.7], 512 12.5
+// [9.4], 128 11.8 [7.9]; its indexer 17.6 [24.2], 14.0 [13.2], 12.0 [8.6],
+// 11.2 [7.9], 10.9 [7.6], 9.9 [6.4]. quad_kernel's groups pool an entry with
+// four times the work a thread, which a short step's one wave does not
+// hide. C128A (sixty-eighth session, BN2-BN3; two kernels in brackets): 53.4
+// [142.5] at 8,192, 14.3 at 1,024 (span 16: 19.4), 11.3 at 128 (span 64:
+// 12.6); two kernels lost once their entries read the step's rows from the
+// projection instead of rows the rows kernel had just left in L2.
+constexpr int kSpan4 = 4, kQuadMainFrom = 2048, kQuadIndexFrom = 8192;
 constexpr int kWideSpan = 64, kWideShortSpan = 16, kWideShortBelow = 1024;
 
 // span_wide_kernel over spans of kWideSpan tokens (kWideShortSpan in a short step).

@@ -511,7 +511,7 @@ TEST_F(Compressor, C4ADecodeCachesPast2GiB) {
 
 // kRuns steps (what the engine launches for any step with a run of several
 // tokens): one kernel whose CTAs write their rows and pool their entries
-// (the launcher's rule: at m = 4 quad_kernel from 4,096 tokens, 8,192 for
+// (the launcher's rule: at m = 4 quad_kernel from 2,048 tokens, 8,192 for
 // the indexer's, below them 4 tokens a CTA of span_kernel; C128A on clusters
 // of 64 tokens, 16 in a step below 1,024). The runs of the kAny tests under
 // the rule, on the quad kernel (kQuad) and with spans forced (span_kernel,
@@ -608,8 +608,8 @@ void check_live_state_only(CompSpec spec) {
 TEST_F(Compressor, C4AMainLiveStateOnly) {  // the quad kernel
   check_live_state_only(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}, {10, 37}}, 101, kQuad, 1));
 }
-TEST_F(Compressor, C4AMainLiveStateOnlyRule) {  // 2,600 tokens: 4 tokens a CTA
-  check_live_state_only(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}, {10, 37}}, 108, 0, 1));
+TEST_F(Compressor, C4AMainLiveStateOnlyRule) {  // 1,752 tokens: 4 tokens a CTA
+  check_live_state_only(runs_spec(4, 512, kMla, {{4096, 1200}, {37, 515}, {10, 37}}, 108, 0, 1));
 }
 TEST_F(Compressor, C4AMainLiveStateOnlyTwoKernels) {
   check_live_state_only(runs_spec(4, 512, kMla, {{4096, 2048}, {37, 515}, {10, 37}}, 102, -1, 2));
