@@ -115,6 +115,9 @@ struct EntryPlan {
   int te = 0, n = 0;
   int64_t j = 0, first = 0;
   float2 cs[2] = {};  // this thread's RoPE factors at j*m (a finishing thread with rotary dims)
+  // The first pooled row of block j itself (at m = 4 the rows before it are
+  // block j - 1's, which pool their A half).
+  __device__ int own_from(int m) const { return int(j * m - first); }
 };
 // Token t's record and entry (page nullptr: it completes none).
 __device__ __forceinline__ EntryPlan entry_of(const CompressorParams& p, int t) {
@@ -242,7 +245,7 @@ __device__ __forceinline__ void pool_and_finish(const CompressorParams& p, const
   const int m = p.ratio;
   auto rows = [rows_s](int i) { return rows_s[i]; };
   auto apes = [apes_s](int i) { return apes_s ? apes_s[i] : nullptr; };
-  v_s[threadIdx.x] = pool::pool_channel<kBatch>(rows, apes, e.n, int(e.j * m - e.first), m == 4 ? kDim : 0, p.kc(),
+  v_s[threadIdx.x] = pool::pool_channel<kBatch>(rows, apes, e.n, e.own_from(m), m == 4 ? kDim : 0, p.kc(),
                                                 int(threadIdx.x));
   __syncthreads();
   finish_entry<kDim>(p, args, e, e.cs, v_s);  // e.cs: plan_entry's factors for these dims
@@ -391,14 +394,15 @@ constexpr int kQuadCtas = 6;  // an SM: the stages' 32 KB a CTA
 using QuadStage = float4[kQuadRows][2][kQuadThreads];
 
 // Thread i's channels col .. col + 3 of entry e's rows (rows_s, apes_s as
-// plan_entry sets them; rows b >= b_from at b_off further) into its stage;
+// plan_entry sets them; rows of block j at b_off further) into its stage;
 // returns the rows present (bit b). The caller waits for the copies.
-__device__ __forceinline__ unsigned stage_quad(QuadStage& stage, const float* const* rows_s, int n, int b_from,
+__device__ __forceinline__ unsigned stage_quad(QuadStage& stage, const float* const* rows_s, const EntryPlan& e,
                                                int b_off, int kc, int col) {
+  const int b_from = e.own_from(4);
   unsigned present = 0;
 #pragma unroll
   for (int b = 0; b < kQuadRows; ++b) {
-    const float* r = b < n ? rows_s[b] : nullptr;
+    const float* r = b < e.n ? rows_s[b] : nullptr;
     if (r == nullptr) continue;
     present |= 1u << b;
     const float* x = r + (b >= b_from ? b_off : 0) + col;
@@ -490,10 +494,10 @@ __global__ void __launch_bounds__(kQuadThreads, kQuadCtas)
     group_sync<kGroup>();  // rows_s, apes_s
   }
   pdl_start();  // pdl.cuh: launched with pdl_launch
-  unsigned present = ends ? stage_quad(stage, rows_s[g], e.n, int(e.j * 4 - e.first), b_off, kc, col) : 0;
+  unsigned present = ends ? stage_quad(stage, rows_s[g], e, b_off, kc, col) : 0;
   if (lives_s[g]) write_span_rows<kGroup>(p, i, t0, n, dst_s[g], tape_s[g]);  // while the copies fly
   while (ends) {
-    const int b_from = int(e.j * 4 - e.first);
+    const int b_from = e.own_from(4);
     cp_async_wait_group<0>();  // the thread's own stage: no barrier
     float y[4];
     round_pooled(pool_quad(stage, apes_s[g], present, b_from, b_off, col), y);
@@ -511,7 +515,7 @@ __global__ void __launch_bounds__(kQuadThreads, kQuadCtas)
     group_sync<kGroup>();  // every thread has read rows_s, apes_s and red_s
     e = plan_entry(p, args.rope.inv_freq, t0 + __ffs(ends) - 1, i, kGroup, rows_s[g], nullptr, kDim, apes_s[g]);
     group_sync<kGroup>();  // rows_s, apes_s
-    present = stage_quad(stage, rows_s[g], e.n, int(e.j * 4 - e.first), b_off, kc, col);
+    present = stage_quad(stage, rows_s[g], e, b_off, kc, col);
   }
 }
 
