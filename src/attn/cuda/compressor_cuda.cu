@@ -422,11 +422,12 @@ __device__ __forceinline__ float4 staged_gates(const QuadStage& stage, const flo
   return ape ? add_rn(g, __ldg(reinterpret_cast<const float4*>(ape + (b >= b_from ? b_off : 0) + col))) : g;
 }
 
-// pool_channel's operations (compressor_math.h) on the staged channels:
-// each channel's maximum over the present rows, then its weights and sums
-// in row order.
-__device__ __forceinline__ float4 pool_quad(const QuadStage& stage, const float* const* apes_s, unsigned present,
-                                            int b_from, int b_off, int col) {
+// pool_channel's operations (compressor_math.h) on entry e's staged
+// channels: each channel's maximum over the present rows, then its weights
+// and sums in row order.
+__device__ __forceinline__ float4 pool_quad(const QuadStage& stage, const float* const* apes_s, const EntryPlan& e,
+                                            unsigned present, int b_off, int col) {
+  const int b_from = e.own_from(4);
   const float kNegInf = -__int_as_float(0x7f800000);
   float mx[4] = {kNegInf, kNegInf, kNegInf, kNegInf}, den[4] = {}, num[4] = {};
 #pragma unroll
@@ -497,10 +498,9 @@ __global__ void __launch_bounds__(kQuadThreads, kQuadCtas)
   unsigned present = ends ? stage_quad(stage, rows_s[g], e, b_off, kc, col) : 0;
   if (lives_s[g]) write_span_rows<kGroup>(p, i, t0, n, dst_s[g], tape_s[g]);  // while the copies fly
   while (ends) {
-    const int b_from = e.own_from(4);
     cp_async_wait_group<0>();  // the thread's own stage: no barrier
     float y[4];
-    round_pooled(pool_quad(stage, apes_s[g], present, b_from, b_off, col), y);
+    round_pooled(pool_quad(stage, apes_s[g], e, present, b_off, col), y);
     double ss = sum_squares4(y);
     if constexpr (kGroup == 32) {
       ss = group_sum<32>(ss);  // red_sum of the warp's one partial: the same bits
