@@ -106,6 +106,10 @@ DSV4_HD int step_row_token(const int32_t* positions, const int32_t* token_run, i
   return u >= 0 && token_run[u] == token_run[t] && positions[u] == P ? int(u) : -1;
 }
 
+// Where row i's half starts in its row: rows i >= b_from belong to block j and
+// contribute their B half, b_off further (m = 128: b_off = 0).
+DSV4_HD int half_offset(int i, int b_from, int b_off) { return i >= b_from ? b_off : 0; }
+
 // Column `off` of a row's gates: g + ape (ape: nullptr when the row holds the sum).
 DSV4_HD float gate(const float* row, const float* ape, int kc, int off) {
   return ape ? fadd(row[kc + off], ape[off]) : row[kc + off];
@@ -131,7 +135,7 @@ DSV4_POOL_UNROLL
     for (int b = 0; b < kBatch; ++b) {
       const int i = i0 + b;
       const float* r = i < n ? rows(i) : nullptr;
-      g[b] = r ? gate(r, apes(i), kc, (i >= b_from ? b_off : 0) + e) : kNegInf;  // -inf: no max
+      g[b] = r ? gate(r, apes(i), kc, half_offset(i, b_from, b_off) + e) : kNegInf;  // -inf: no max
     }
 DSV4_POOL_UNROLL
     for (int b = 0; b < kBatch; ++b) mx = mx < g[b] ? g[b] : mx;
@@ -144,7 +148,7 @@ DSV4_POOL_UNROLL
     for (int b = 0; b < kBatch; ++b) {
       const int i = i0 + b;
       const float* r = i < n ? rows(i) : nullptr;
-      const int off = (i >= b_from ? b_off : 0) + e;
+      const int off = half_offset(i, b_from, b_off) + e;
       present[b] = r != nullptr;
       a[b] = r ? r[off] : 0.0f;
       g[b] = r ? gate(r, apes(i), kc, off) : 0.0f;

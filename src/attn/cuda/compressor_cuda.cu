@@ -405,7 +405,7 @@ __device__ __forceinline__ unsigned stage_quad(QuadStage& stage, const float* co
     const float* r = b < e.n ? rows_s[b] : nullptr;
     if (r == nullptr) continue;
     present |= 1u << b;
-    const float* x = r + (b >= b_from ? b_off : 0) + col;
+    const float* x = r + pool::half_offset(b, b_from, b_off) + col;
     cp_async_16(smem_u32(&stage[b][0][threadIdx.x]), x, 16);
     cp_async_16(smem_u32(&stage[b][1][threadIdx.x]), x + kc, 16);
   }
@@ -419,7 +419,7 @@ __device__ __forceinline__ float4 staged_gates(const QuadStage& stage, const flo
                                                int b_from, int b_off, int col) {
   const float4 g = stage[b][1][threadIdx.x];
   const float* ape = apes_s[b];
-  return ape ? add_rn(g, __ldg(reinterpret_cast<const float4*>(ape + (b >= b_from ? b_off : 0) + col))) : g;
+  return ape ? add_rn(g, __ldg(reinterpret_cast<const float4*>(ape + pool::half_offset(b, b_from, b_off) + col))) : g;
 }
 
 // pool_channel's operations (compressor_math.h) on entry e's staged
