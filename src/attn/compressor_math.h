@@ -1,6 +1,6 @@
 #pragma once
 // The compressor's pooling (SPEC §4.3) as host/device functions, so the CPU
-// (attn/cpu/compress_cpu.cpp) and the CUDA kernels (attn/cuda/compressor_cuda.cu)
+// (attn/cpu/compress_cpu.cpp) and the CUDA kernels (attn/cuda/compressor_*.cu)
 // run one implementation and produce the same bits.
 //
 // Every float operation goes through fmul/fadd/fsub/fdiv below: on the device
