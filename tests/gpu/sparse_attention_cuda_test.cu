@@ -12,6 +12,7 @@
 
 #include "attn/cuda/fp8_dequant.cuh"
 #include "attn/cuda/out_rope.h"
+#include "attn/cuda/pdl.cuh"
 #include "attn/cuda/sparse_attention_cuda.h"
 #include "attn/cuda/sparse_mla_internal.cuh"
 #include "common/error.h"
@@ -326,14 +327,109 @@ TEST_F(SparseAttentionCudaTest, DecodeKernelListsReadyGiveTheSameBits) {
     std::vector<uint16_t> plain, ready;
     std::vector<float> plain_lse, ready_lse;
     dc.plan_run_download(attn, plain, plain_lse);
-    dc.poison();
-    attn.run(dc.p, nullptr, 0, {}, ListsReady{true, true});
-    DSV4_CUDA_OK(cudaDeviceSynchronize());
-    dc.download(ready, ready_lse);
-    EXPECT_EQ(std::memcmp(plain.data(), ready.data(), plain.size() * 2), 0);
-    EXPECT_EQ(std::memcmp(plain_lse.data(), ready_lse.data(), plain_lse.size() * 4), 0);
-    const CompareStats st = compare(reference(hc.params()), ready, ready_lse, 4, 64);
-    EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
+    const Reference ref = reference(hc.params());
+    // Lists alone, then the records before the wait too (both lists, the window's alone).
+    for (const ListsReady r : {ListsReady{true, true}, ListsReady{true, true, true}, ListsReady{true, false, true}}) {
+      SCOPED_TRACE(r.extra ? (r.records ? "lists and records" : "lists") : "window and records");
+      dc.poison();
+      attn.run(dc.p, nullptr, 0, {}, r);
+      DSV4_CUDA_OK(cudaDeviceSynchronize());
+      dc.download(ready, ready_lse);
+      EXPECT_EQ(std::memcmp(plain.data(), ready.data(), plain.size() * 2), 0);
+      EXPECT_EQ(std::memcmp(plain_lse.data(), ready_lse.data(), plain_lse.size() * 4), 0);
+      const CompareStats st = compare(ref, ready, ready_lse, 4, 64);
+      EXPECT_EQ(st.bad_rows + st.bad_lse, 0) << st.first_failure;
+    }
+  }
+}
+
+// Writes bytes[i] at dst[offsets[i]] `delay_ns` after it started, having let
+// the next kernel (launched with PDL) start at once: a layer's own token's
+// record, written while the attention's CTAs are already resident.
+__global__ void late_writes_kernel(uint8_t* dst, const uint32_t* offsets, const uint8_t* bytes, int n,
+                                   long long delay_ns) {
+  cuda::launch_dependents();
+  long long t0 = 0, t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < delay_ns);
+  for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) dst[offsets[i]] = bytes[i];
+}
+
+// ListsReady::records: the records of each list's last num_tokens entries
+// (the call's own tokens') are read only after the wait, all others before
+// it. Here the last entry of each of a token's two lists gets a new record
+// from a kernel that lets the attention start first and writes 50 us later:
+// the output must be that of the new records, bit for bit (read before the
+// wait, the old record would still be there).
+TEST_F(SparseAttentionCudaTest, DecodeKernelReadsItsTokensRecordsAfterTheWait) {
+  const CaseSpec spec{.tokens = 1, .heads = 64, .extra_width = 512, .extra_page = 64, .ragged = false,
+                      .hole_rate = 0.0, .oor_rate = 0.0, .seed = 89};
+  HostCase old_case = make_case(spec);
+  HostCase new_case = old_case;
+  std::mt19937_64 rng(90);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> kv(kKvDim);
+  // The last entry of each list: a slot no other entry of the row uses, with
+  // one record in the old case and another in the new.
+  auto renew_tail = [&](Cache& old_cache, Cache& new_cache, std::vector<int32_t>& old_idx,
+                        std::vector<int32_t>& new_idx, int width) {
+    std::vector<char> taken(size_t(old_cache.capacity()), 0);
+    for (int i = 0; i + 1 < width; ++i) taken[size_t(old_idx[size_t(i)])] = 1;
+    int32_t slot = 0;
+    while (taken[size_t(slot)]) ++slot;
+    old_idx[size_t(width - 1)] = new_idx[size_t(width - 1)] = slot;
+    for (Cache* c : {&old_cache, &new_cache}) {
+      for (float& v : kv) v = nd(rng);
+      uint8_t* page = c->bytes.data() + size_t(slot / c->entries_per_page) * c->stride();
+      fp8_ds_mla_encode(kv.data(), page, c->entries_per_page, int(slot % c->entries_per_page));
+    }
+  };
+  renew_tail(old_case.swa, new_case.swa, old_case.swa_idx, new_case.swa_idx, spec.swa_width);
+  renew_tail(old_case.extra, new_case.extra, old_case.extra_idx, new_case.extra_idx, spec.extra_width);
+  // The bytes that differ, as offsets into one buffer holding both caches' bytes.
+  std::vector<uint8_t> both = old_case.swa.bytes, fresh = new_case.swa.bytes;
+  both.insert(both.end(), old_case.extra.bytes.begin(), old_case.extra.bytes.end());
+  fresh.insert(fresh.end(), new_case.extra.bytes.begin(), new_case.extra.bytes.end());
+  std::vector<uint32_t> offsets;
+  std::vector<uint8_t> bytes;
+  for (size_t i = 0; i < both.size(); ++i)
+    if (both[i] != fresh[i]) offsets.push_back(uint32_t(i)), bytes.push_back(fresh[i]);
+  ASSERT_FALSE(offsets.empty());
+  ASSERT_LT(offsets.front(), old_case.swa.bytes.size()) << "the window's record changed";
+  ASSERT_GE(offsets.back(), old_case.swa.bytes.size()) << "the extra list's record changed";
+
+  for (const Path path : {Path::kDecode, Path::kDecode8, Path::kDecode16}) {
+    SCOPED_TRACE(path_name(path));
+    SparseAttentionCuda attn(limits_for(1, path));
+    DeviceCase want_dc(new_case), old_dc(old_case);
+    ASSERT_GT(attn.decode_splits(want_dc.p), 0);
+    std::vector<uint16_t> want, was, got;
+    std::vector<float> want_lse, was_lse, got_lse;
+    want_dc.plan_run_download(attn, want, want_lse);
+    old_dc.plan_run_download(attn, was, was_lse);
+    ASSERT_NE(std::memcmp(want.data(), was.data(), want.size() * 2), 0) << "the new records must matter";
+    // One buffer for both caches, so that one kernel writes them.
+    uint8_t* caches = old_dc.upload(both);
+    SparseAttentionParams p = old_dc.p;
+    p.swa_cache.base = caches;
+    p.extra_cache.base = caches + old_case.swa.bytes.size();
+    const uint32_t* d_offsets = old_dc.upload(offsets);
+    const uint8_t* d_bytes = old_dc.upload(bytes);
+    cudaStream_t stream = nullptr;
+    DSV4_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    old_dc.poison(stream);
+    attn.plan(p, stream);
+    late_writes_kernel<<<1, 256, 0, stream>>>(caches, d_offsets, d_bytes, int(offsets.size()), 50000);
+    attn.run(p, stream, 0, {}, ListsReady{true, true, true});
+    const cudaError_t e = cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+    ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+    old_dc.download(got, got_lse);
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 2), 0);
+    EXPECT_EQ(std::memcmp(want_lse.data(), got_lse.data(), want_lse.size() * 4), 0);
   }
 }
 

@@ -380,8 +380,11 @@ void CudaLayer::output_rope_table(const StepBuffers& b) const {
 
 void CudaLayer::attend(StepBuffers& b, bool rotate_out) {
   const OutputRope rope{rotate_out ? b.out_rope_cs[int(type_)] : nullptr};
-  // The window's and C128A's lists are step metadata; C4A's come from the indexer in this layer.
-  const ListsReady ready{true, type_ == LayerType::kC128A};
+  // The window's and C128A's lists are step metadata; C4A's come from the
+  // indexer in this layer. Their records are an earlier step's but those of
+  // the step's own tokens, which this layer writes (qkv_norm_rope, the
+  // compressor) at the lists' ends.
+  const ListsReady ready{true, type_ == LayerType::kC128A, true};
   b.attention->run(attention_params(b), b.stream, int(type_), rope, ready);
 }
 

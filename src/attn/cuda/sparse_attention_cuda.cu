@@ -234,6 +234,7 @@ void SparseAttentionCuda::run(const SparseAttentionParams& p, CUstream_st* strea
   a.rope_cs = reinterpret_cast<const float2*>(out_rope.cos_sin);
   a.swa_ready = ready.swa;
   a.extra_ready = ready.extra;
+  a.records_ready = ready.records;
   if (const int splits = decode_splits(p); splits > 0) {
     cuda::launch_decode_attention(a, splits, decode_warps(p), stream);
     cuda_check(cudaGetLastError(), "decode attention kernel launch");

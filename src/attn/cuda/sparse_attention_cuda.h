@@ -45,11 +45,17 @@ struct OutputRope {
 // Which index lists of a call were complete before the step's plan kernel
 // (sparse_mla_plan.cu, which lets no later kernel start before it ends):
 // the step's metadata, built before its first layer. The decode kernel
-// reads their indices before its programmatic-dependent-launch wait; the
-// records they point to are still read after it.
+// reads their indices before its programmatic-dependent-launch wait.
+// records: besides, every record the ready lists point to was written
+// before the step, but those of the call's own tokens, which are among each
+// list's last num_tokens entries (lists of positions in increasing order,
+// as the step builds them: the window ends at the token, C128A's list at
+// the entry it may complete); the decode kernel loads the others before its
+// wait too, and only those last entries after it.
 struct ListsReady {
   bool swa = false;
   bool extra = false;
+  bool records = false;
 };
 
 struct SparseAttentionCudaLimits {

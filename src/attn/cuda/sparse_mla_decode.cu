@@ -263,6 +263,14 @@ __device__ __forceinline__ void cp_async_wait_pending(int n) {
   else cp_async_wait_group<0>();
 }
 
+// Whether entry pos of a row (SWA list of ls entries, then the extra list,
+// n in all) was written before the step, given ListsReady::records: all but
+// each list's last `tokens` entries, where the call's own tokens may have
+// written theirs in this step.
+__device__ __forceinline__ bool written_before_step(int pos, int ls, int n, int tokens) {
+  return pos < ls ? pos < ls - tokens : pos - ls < n - ls - tokens;
+}
+
 // kDiag: the benchmark's instantiation, whose thread 0 stamps the phases
 // (kDecode*) into p.debug_clock.
 template <int W, bool kDiag>
@@ -290,18 +298,34 @@ __global__ void __launch_bounds__(Shape<W>::kThreads) decode_attention_kernel(co
   // L2, all at once. Before the wait where the list is step metadata; the
   // records themselves may still be written by an earlier kernel (this
   // layer's own token), so they are read after it (an L2 prefetch is safe:
-  // L2 is where writes land).
+  // L2 is where writes land), but for those an earlier step wrote (early:
+  // ListsReady::records), which load here as well.
   EntryRef refs[kMaxChunks];
-  bool have[kMaxChunks];
+  bool have[kMaxChunks], early[kMaxChunks];
 #pragma unroll
   for (int k = 0; k < kMaxChunks; ++k) {
     const int pos = a + k * kChunk + e;
     have[k] = pos >= b || (pos < ls ? p.swa_ready : p.extra_ready);
     refs[k] = have[k] ? row_entry(p, t, ls, pos, b) : EntryRef{-1, -1};
+    early[k] = have[k] && pos < b && p.records_ready && written_before_step(pos, ls, n, p.num_tokens);
   }
 #pragma unroll
   for (int k = 0; k < kMaxChunks; ++k)
-    if (have[k]) prefetch_quarter(p, refs[k], q);
+    if (have[k] && !early[k]) prefetch_quarter(p, refs[k], q);
+  // The early records: chunk 0's into registers, the later chunks' into
+  // their stages (one cp.async group a chunk, then one a chunk for the rest
+  // after the wait, so cp_async_wait_pending's counts below hold).
+  Quarter x;
+  if (early[0]) load_quarter(p, refs[0], q, x);
+  uint32_t staged_valid = 0;
+#pragma unroll
+  for (int k = 1; k < kMaxChunks; ++k) {
+    if (k >= chunks) break;
+    const uint32_t stage = sbase + Sh::stage_off(k);
+    if (early[k] && stage_quarter(p, refs[k], q, stage + e * 576, stage + Sh::kStageRecords + tid * 8))
+      staged_valid |= 1u << k;
+    cp_async_commit();
+  }
   wait_for_prior_grids();
   stamp(kDecodeWaited);
 #pragma unroll
@@ -318,15 +342,15 @@ __global__ void __launch_bounds__(Shape<W>::kThreads) decode_attention_kernel(co
     cp_async_16(sbase + Sh::kSmQ + row_chunk(row, c), src, valid ? 16 : 0);
   }
   cp_async_commit();
-  Quarter x;
-  load_quarter(p, refs[0], q, x);
-  // Chunks 1.. into their stages, one cp.async group each (after Q's).
-  uint32_t staged_valid = 0;
+  if (!early[0]) load_quarter(p, refs[0], q, x);
+  // The other entries of chunks 1.. into their stages, one cp.async group
+  // each (after Q's).
 #pragma unroll
   for (int k = 1; k < kMaxChunks; ++k) {
     if (k >= chunks) break;
     const uint32_t stage = sbase + Sh::stage_off(k);
-    if (stage_quarter(p, refs[k], q, stage + e * 576, stage + Sh::kStageRecords + tid * 8)) staged_valid |= 1u << k;
+    if (!early[k] && stage_quarter(p, refs[k], q, stage + e * 576, stage + Sh::kStageRecords + tid * 8))
+      staged_valid |= 1u << k;
     cp_async_commit();
   }
 

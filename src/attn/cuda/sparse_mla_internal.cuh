@@ -84,6 +84,9 @@ struct AttnParams {
   // (step metadata; sparse_attention_cuda.h: ListsReady).
   bool swa_ready;
   bool extra_ready;
+  // And the records of those lists but their last num_tokens entries
+  // (ListsReady::records): the decode kernel loads them before its wait.
+  bool records_ready;
   // The tile kernel's CTAs let the combine (and wo_a's CTAs, which stream
   // weight stages before their wait) start only when they are done, not
   // right after their wait: on short rows that stream delayed the tiles'
