@@ -56,9 +56,10 @@ __device__ __forceinline__ float4 staged_gates(const QuadStage& stage, const flo
 }
 
 // pool_channel's operations (compressor_math.h) on entry e's staged
-// channels: each channel's maximum over the present rows, then its weights
-// and sums in row order.
-__device__ __forceinline__ float4 pool_quad(const QuadStage& stage, const float* const* apes_s, const EntryPlan& e,
+// channels: each channel's maximum over the present rows (the gates with
+// their ape rows added go back to the stage, so each ape row is read once),
+// then its weights and sums in row order.
+__device__ __forceinline__ float4 pool_quad(QuadStage& stage, const float* const* apes_s, const EntryPlan& e,
                                             unsigned present, int b_off, int col) {
   const int b_from = e.own_from(4);
   const float kNegInf = -__int_as_float(0x7f800000);
@@ -67,6 +68,7 @@ __device__ __forceinline__ float4 pool_quad(const QuadStage& stage, const float*
   for (int b = 0; b < kQuadRows; ++b) {
     if (!(present >> b & 1)) continue;
     const float4 g4 = staged_gates(stage, apes_s, b, b_from, b_off, col);
+    if (apes_s[b]) stage[b][1][threadIdx.x] = g4;
     const float g[4] = {g4.x, g4.y, g4.z, g4.w};
 #pragma unroll
     for (int c = 0; c < 4; ++c) mx[c] = mx[c] < g[c] ? g[c] : mx[c];
@@ -74,7 +76,7 @@ __device__ __forceinline__ float4 pool_quad(const QuadStage& stage, const float*
 #pragma unroll
   for (int b = 0; b < kQuadRows; ++b) {
     if (!(present >> b & 1)) continue;
-    const float4 g4 = staged_gates(stage, apes_s, b, b_from, b_off, col), a4 = stage[b][0][threadIdx.x];
+    const float4 g4 = stage[b][1][threadIdx.x], a4 = stage[b][0][threadIdx.x];
     const float g[4] = {g4.x, g4.y, g4.z, g4.w}, a[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
