@@ -20,6 +20,8 @@ struct EntryArgs {
   float hadamard_scale;  // float(1 / sqrt(c)), as numerics/hadamard.cpp computes it
 };
 
+// Device helpers with internal linkage: each kernel file inlines its own
+// copy, as when the kernels shared one file (their PTX did not change).
 namespace {
 
 // Row of state slot `slot`, nullptr when the slot is outside the cache.
