@@ -13,6 +13,7 @@
 #include "attn/cuda/fp8_dequant.cuh"
 #include "attn/cuda/out_rope.h"
 #include "attn/cuda/pdl.cuh"
+#include "attn/cuda/ptx.cuh"
 #include "attn/cuda/sparse_attention_cuda.h"
 #include "attn/cuda/sparse_mla_internal.cuh"
 #include "common/error.h"
@@ -349,12 +350,9 @@ TEST_F(SparseAttentionCudaTest, DecodeKernelListsReadyGiveTheSameBits) {
 __global__ void late_writes_kernel(uint8_t* dst, const uint32_t* offsets, const uint8_t* bytes, int n,
                                    long long delay_ns) {
   cuda::launch_dependents();
-  long long t0 = 0, t = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < delay_ns);
+  const uint64_t t0 = cuda::global_timer_ns();
+  do __nanosleep(1000);
+  while (cuda::global_timer_ns() - t0 < uint64_t(delay_ns));
   for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) dst[offsets[i]] = bytes[i];
 }
 
