@@ -271,6 +271,24 @@ __device__ __forceinline__ bool written_before_step(int pos, int ls, int n, int 
   return pos < ls ? pos < ls - tokens : pos - ls < n - ls - tokens;
 }
 
+// One pass of chunks 1 .. chunks-1 into their stages: the entries whose
+// `early` flag is `pass_early` (ListsReady::records), one cp.async group a
+// chunk whether or not it copies anything, so cp_async_wait_pending's counts
+// hold. Sets bit k of `valid` where chunk k's staged records are valid.
+template <int W>
+__device__ __forceinline__ void stage_pass(const AttnParams& p, const EntryRef* refs, const bool* early, bool pass_early,
+                                           int chunks, uint32_t sbase, int e, int q, int tid, uint32_t& valid) {
+  using Sh = Shape<W>;
+#pragma unroll
+  for (int k = 1; k < Sh::kMaxChunks; ++k) {
+    if (k >= chunks) break;
+    const uint32_t stage = sbase + Sh::stage_off(k);
+    if (early[k] == pass_early && stage_quarter(p, refs[k], q, stage + e * 576, stage + Sh::kStageRecords + tid * 8))
+      valid |= 1u << k;
+    cp_async_commit();
+  }
+}
+
 // kDiag: the benchmark's instantiation, whose thread 0 stamps the phases
 // (kDecode*) into p.debug_clock.
 template <int W, bool kDiag>
@@ -318,14 +336,7 @@ __global__ void __launch_bounds__(Shape<W>::kThreads) decode_attention_kernel(co
   Quarter x;
   if (early[0]) load_quarter(p, refs[0], q, x);
   uint32_t staged_valid = 0;
-#pragma unroll
-  for (int k = 1; k < kMaxChunks; ++k) {
-    if (k >= chunks) break;
-    const uint32_t stage = sbase + Sh::stage_off(k);
-    if (early[k] && stage_quarter(p, refs[k], q, stage + e * 576, stage + Sh::kStageRecords + tid * 8))
-      staged_valid |= 1u << k;
-    cp_async_commit();
-  }
+  stage_pass<W>(p, refs, early, true, chunks, sbase, e, q, tid, staged_valid);
   wait_for_prior_grids();
   stamp(kDecodeWaited);
 #pragma unroll
@@ -343,16 +354,8 @@ __global__ void __launch_bounds__(Shape<W>::kThreads) decode_attention_kernel(co
   }
   cp_async_commit();
   if (!early[0]) load_quarter(p, refs[0], q, x);
-  // The other entries of chunks 1.. into their stages, one cp.async group
-  // each (after Q's).
-#pragma unroll
-  for (int k = 1; k < kMaxChunks; ++k) {
-    if (k >= chunks) break;
-    const uint32_t stage = sbase + Sh::stage_off(k);
-    if (!early[k] && stage_quarter(p, refs[k], q, stage + e * 576, stage + Sh::kStageRecords + tid * 8))
-      staged_valid |= 1u << k;
-    cp_async_commit();
-  }
+  // The other entries of chunks 1.. into their stages (after Q's group).
+  stage_pass<W>(p, refs, early, false, chunks, sbase, e, q, tid, staged_valid);
 
   float* red = reinterpret_cast<float*>(smem + Sh::kSmRed);
   float acc[Sh::kTiles][4];
