@@ -206,15 +206,16 @@ __device__ __forceinline__ void finish_entry(const CompressorParams& p, const En
 // none), their ape rows tape_s[u], by threads tid of kThreads. Each thread loads
 // kRowBatch float4 pairs before it stores any: a store may alias the next
 // load, so a loop of load-then-store would wait a round trip per pair.
+// C128A's cluster kernel takes 4 (its CTA's rows in one pass: BS1 on an H100,
+// 2% faster at 8,192 tokens, 104 registers, still 2 CTAs an SM); the others 2.
 // Only float4s k0 .. k0 + kq - 1 of a and of g (default: all). A dead row's
 // loads are made all the same: skipping them made span_kernel slower at
 // every size (BP1 on an H100, C4A at 8,192 tokens 84.9 us, 91.8 with the
 // skip; the indexer's at 1,024 7.9, 9.2).
-template <int kThreads>
+template <int kThreads, int kRowBatch = 2>
 __device__ __forceinline__ void write_span_rows(const CompressorParams& p, int tid, int t0, int n,
                                                 float* const* dst_s, const float* const* tape_s, int k0 = 0,
                                                 int kq = 0) {
-  constexpr int kRowBatch = 2;
   if (kq == 0) kq = p.kc() / 4;
   const int items = n * kq;  // float4s of a (and of g) the span's rows
   for (int i0 = tid; i0 < items; i0 += kRowBatch * kThreads) {

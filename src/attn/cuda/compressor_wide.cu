@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(kWideThreads)
     e = plan_entry(p, args.rope.inv_freq, list_s[0], tid, kWideThreads, rows_s, nullptr, finish_dim, apes_s);
   __syncthreads();  // rows_s, apes_s
   pdl_start();      // pdl.cuh: launched with pdl_launch_clustered
-  write_span_rows<kWideThreads>(p, tid, t0, n, dst_s, tape_s, c0 / 4, kWideCh / 4);
+  write_span_rows<kWideThreads, 4>(p, tid, t0, n, dst_s, tape_s, c0 / 4, kWideCh / 4);
   if (count == 0) return;  // the same for the whole cluster
   cluster_arrive_relaxed();  // this CTA has started: rank 0 waits for all before its v_s is written
   for (int k = 0; k < count; ++k) {
