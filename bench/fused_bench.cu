@@ -19,7 +19,8 @@
 // then gave every state block a page); FLOPs: the arithmetic, for reference
 // (all these ops are bandwidth-bound).
 // --stamps: only the C128A entry at one decode token, with its phases
-// (wide_stamps below). --qkv-per-cta N: the q/kv kernel's tokens a CTA.
+// (wide_stamps below). --span-stamps T [SPAN]: only C128A's kRuns kernel at
+// T tokens, its clusters' phases (span_stamps below). --qkv-per-cta N: the q/kv kernel's tokens a CTA.
 // --only TEXT: only the rows whose kernel name contains TEXT (for ncu).
 // --comp-span N: prefill compressors' tokens a CTA (set_compressor_span_tokens;
 // -1: the two kernels); --comp-one-cta: with --comp-span N, C128A's on the
@@ -419,6 +420,67 @@ void wide_stamps(cudaStream_t s) {
   std::fflush(stdout);
 }
 
+
+// --span-stamps T [SPAN]: the C128A kRuns cluster kernel at T tokens (spans
+// of SPAN tokens; default the launcher's rule, compressor_c128a_span) with
+// its phases stamped (kSpanWideStampNames). Every cluster's rank-0 points of
+// one launch, the graph's middle one, from that launch's earliest entry,
+// then the medians of the phases over the clusters whose span completes an
+// entry: where a long step's time goes (waves of resident clusters, each
+// entry's chain of phases).
+void span_stamps(cudaStream_t s, int T, int span) {
+  using dsv4::cuda::kWideStampCount;
+  using dsv4::cuda::kWideSplit;
+  if (span <= 0) span = dsv4::cuda::compressor_c128a_span(T);
+  dsv4::cuda::set_compressor_span_tokens(span, true);
+  Instances inst = make_instances(compressor_case("compressor c128a", T, 128, 512, dsv4::EntryFormat::kFp8DsMla));
+  const int clusters = (T + span - 1) / span, ctas = clusters * kWideSplit, launches = launches_for(inst);
+  const size_t per = size_t(ctas) * kWideStampCount;
+  Mem mem;
+  unsigned long long* buf = mem.alloc<unsigned long long>(per * size_t(launches));
+  CHECK(cudaMemset(buf, 0, per * size_t(launches) * sizeof(unsigned long long)));
+  CHECK(cudaDeviceSynchronize());
+  const double us =
+      time_calls(inst, s, [&](int i) { dsv4::cuda::set_compressor_wide_stamps(buf + per * size_t(i)); });
+  dsv4::cuda::set_compressor_wide_stamps(nullptr);
+  dsv4::cuda::set_compressor_span_tokens(0, true);
+  std::vector<unsigned long long> h(per * size_t(launches));
+  CHECK(cudaMemcpy(h.data(), buf, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  const unsigned long long* at = h.data() + per * size_t(launches / 2);
+  unsigned long long t0 = ~0ull, last = 0;
+  for (int c = 0; c < ctas; ++c) {
+    t0 = std::min(t0, at[size_t(c) * kWideStampCount]);
+    last = std::max(last, at[size_t(c) * kWideStampCount + kWideStampCount - 1]);
+  }
+  auto rel = [&](int cta, int pt) {  // us from t0; -1: not stamped
+    const unsigned long long v = at[size_t(cta) * kWideStampCount + size_t(pt)];
+    return v ? (double(v) - double(t0)) * 1e-3 : -1.0;
+  };
+  std::printf("c128a span kernel, stamped: %d tokens, spans of %d, %d clusters (%d resident at once): %.2f us a "
+              "call; launch %d's last CTA done %.2f us after its first entry\n|",
+              T, span, clusters, dsv4::cuda::compressor_c128a_resident_clusters(), us, launches / 2,
+              (double(last) - double(t0)) * 1e-3);
+  for (const char* name : dsv4::cuda::kSpanWideStampNames) std::printf(" %s |", name);
+  std::printf(" latest done |\n");
+  std::vector<std::vector<double>> phase(kWideStampCount - 1);
+  for (int c = 0; c < clusters; ++c) {
+    const int r0 = c * kWideSplit;
+    double latest = 0;
+    for (int r = 0; r < kWideSplit; ++r) latest = std::max(latest, rel(r0 + r, kWideStampCount - 1));
+    std::printf("|");
+    for (int pt = 0; pt < kWideStampCount; ++pt) std::printf(" %.2f |", rel(r0, pt));
+    std::printf(" %.2f |\n", latest);
+    if (rel(r0, 3) < 0) continue;  // no entry
+    for (int pt = 1; pt < kWideStampCount; ++pt) phase[size_t(pt - 1)].push_back(rel(r0, pt) - rel(r0, pt - 1));
+  }
+  std::printf("median phase (clusters with an entry, rank 0), us, ending at:");
+  for (int pt = 1; pt < kWideStampCount; ++pt)
+    std::printf(" %s %.2f", dsv4::cuda::kSpanWideStampNames[pt],
+                phase[size_t(pt - 1)].empty() ? 0.0 : dsv4::bench::median(phase[size_t(pt - 1)]));
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -429,6 +491,11 @@ int main(int argc, char** argv) {
   std::vector<int> sizes = {1, 8, 128, 8192};
   cudaStream_t s;
   CHECK(cudaStreamCreate(&s));
+  if (argc > 2 && std::string(argv[1]) == "--span-stamps") {
+    span_stamps(s, std::atoi(argv[2]), argc > 3 ? std::atoi(argv[3]) : 0);
+    CHECK(cudaStreamDestroy(s));
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "--stamps") {
     wide_stamps(s);
     CHECK(cudaStreamDestroy(s));

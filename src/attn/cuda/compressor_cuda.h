@@ -53,16 +53,20 @@ int compressor_kernels(const CompressorParams& p, CompressorLaunch mode);
 // GPU's own); throws Error naming the problem.
 void check_compressor_cuda_params(const CompressorParams& p);
 
-// Diagnostics (fused_bench --stamps): while a buffer is set, launches of the
-// C128A cluster kernel take its stamped instantiation, whose thread 0 of each
-// CTA writes %globaltimer (ns) at the points below to
+// Diagnostics (fused_bench --stamps, --span-stamps): while a buffer is set,
+// launches of C128A's cluster kernels take their stamped instantiations,
+// whose thread 0 of each CTA writes %globaltimer (ns) at the points below to
 // stamps[cta * kWideStampCount + point] (cta: blockIdx.x; kWideSplit CTAs a
-// token). Read at launch, so a graph captured meanwhile keeps the pointer it
-// saw. nullptr: off.
+// token, or a span in a kRuns step). Read at launch, so a graph captured
+// meanwhile keeps the pointer it saw. nullptr: off.
 inline constexpr int kWideSplit = 8;  // CTAs a token (the portable cluster size)
 inline constexpr int kWideStampCount = 9;
 inline constexpr const char* kWideStampNames[kWideStampCount] = {
     "entry", "waited", "staged", "maxima", "weights", "cluster waited", "sums sent", "gathered", "done"};
+// The kRuns kernel's points: its span's rows written after the wait, then its
+// first entry's phases (0 in a cluster whose span completes none).
+inline constexpr const char* kSpanWideStampNames[kWideStampCount] = {
+    "entry", "waited", "rows", "staged", "weights", "cluster waited", "sums sent", "gathered", "done"};
 void set_compressor_wide_stamps(unsigned long long* stamps);
 // Diagnostics (fused_bench --comp-span): above 0, kRuns steps take that
 // many tokens a CTA (or cluster; capped at c and at 256) on the span
@@ -70,6 +74,11 @@ void set_compressor_wide_stamps(unsigned long long* stamps);
 // kAny's two kernels. clusters = false: C128A's main entries on the one-CTA
 // kernel.
 void set_compressor_span_tokens(int tokens, bool clusters = true);
+// The tokens a cluster C128A's main compressor takes in a kRuns step of
+// `tokens` tokens (the launcher's rule, or set_compressor_span_tokens'), and
+// the clusters of that kernel the current device holds at once.
+int compressor_c128a_span(int tokens);
+int compressor_c128a_resident_clusters();
 // Diagnostics (fused_bench --comp-quad-from): under the launcher's rule, m = 4
 // kRuns steps of at least `tokens` tokens take the quad kernel (0: every
 // one); -1: the rule's own bounds.

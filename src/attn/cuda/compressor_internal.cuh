@@ -250,5 +250,8 @@ void launch_quad(const CompressorParams& p, const EntryArgs& args, CUstream_st* 
 // (launch_wide), or a kRuns step over spans of `span` tokens (capped at 256).
 void launch_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream);
 void launch_span_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream, int span);
+// The clusters of span_wide_kernel the current device holds at once.
+int span_wide_resident_clusters();
+inline constexpr int kWideMaxSpan = 256;  // span_wide_kernel's tokens a cluster at most (its threads)
 
 }  // namespace dsv4::cuda

@@ -31,6 +31,7 @@ constexpr int kWideParts = kWideThreads / kWideCh;          // threads a channel
 constexpr int kWidePartRows = kMaxPooledRows / kWideParts;  // rows a part
 constexpr size_t kWideSmemBytes = sizeof(float) * kMaxPooledRows * kWideRowFloats;
 static_assert(kWideThreads >= kKvDim / 4 && kWideCh % 4 == 0 && kWideThreads % kWideCh == 0);
+static_assert(kWideMaxSpan == kWideThreads, "a span's tokens are the list's threads");
 
 // The maximum as pool_channel takes it: NaN never replaces m. In any order
 // the result is the largest non-NaN value, except that a tie of +0 and -0
@@ -196,9 +197,17 @@ __global__ void __launch_bounds__(kWideThreads)
 // tokens [span b, span (b + 1)) (CTA `rank` channels rank * 64 .. + 63 of
 // each), then pools the entries they complete one after another, in token
 // order (every CTA of the cluster builds the same list), each row of this
-// step from the projection (step_row).
+// step from the projection (step_row). kStamps: the diagnostics
+// instantiation (set_compressor_wide_stamps; kSpanWideStampNames).
+template <bool kStamps>
 __global__ void __launch_bounds__(kWideThreads)
-    span_wide_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args, int span) {
+    span_wide_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args, int span,
+                     unsigned long long* stamps) {
+  auto stamp = [&](int at) {
+    if constexpr (kStamps)
+      if (threadIdx.x == 0) stamps[size_t(blockIdx.x) * kWideStampCount + at] = global_timer_ns();
+  };
+  stamp(0);
   extern __shared__ __align__(16) float stage[];  // [row][kWideRowFloats]
   __shared__ const float* rows_s[kMaxPooledRows];
   __shared__ const float* apes_s[kMaxPooledRows];
@@ -222,8 +231,13 @@ __global__ void __launch_bounds__(kWideThreads)
     e = plan_entry(p, args.rope.inv_freq, list_s[0], tid, kWideThreads, rows_s, nullptr, finish_dim, apes_s);
   __syncthreads();  // rows_s, apes_s
   pdl_start();      // pdl.cuh: launched with pdl_launch_clustered
+  stamp(1);
   write_span_rows<kWideThreads, 4>(p, tid, t0, n, dst_s, tape_s, c0 / 4, kWideCh / 4);
-  if (count == 0) return;  // the same for the whole cluster
+  stamp(2);
+  if (count == 0) {
+    stamp(8);
+    return;  // the same for the whole cluster
+  }
   cluster_arrive_relaxed();  // this CTA has started: rank 0 waits for all before its v_s is written
   for (int k = 0; k < count; ++k) {
     if (k > 0) {
@@ -233,12 +247,17 @@ __global__ void __launch_bounds__(kWideThreads)
     }
     stage_slices(p, e, rows_s, apes_s, stage, c0);
     __syncthreads();
-    wide_weights(stage, mx_s, [](int) {});
+    if (k == 0) stamp(3);
+    wide_weights(stage, mx_s, [&](int at) { if (k == 0 && at == 4) stamp(4); });
     if (k == 0) cluster_wait();  // every CTA of the cluster has started
+    if (k == 0) stamp(5);
     wide_sums_to_rank0(stage, v_s, c0);
+    if (k == 0) stamp(6);
     cluster_sync();  // rank 0's v_s is whole (release / acquire at cluster scope)
+    if (k == 0) stamp(7);
     if (rank == 0) finish_entry<kKvDim>(p, args, e, e.cs, v_s);
   }
+  stamp(8);
 }
 
 unsigned long long* g_wide_stamps = nullptr;  // set_compressor_wide_stamps
@@ -260,14 +279,30 @@ void launch_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* 
                        dim3(kWideSplit), p, args, g_wide_stamps);
 }
 
+int span_wide_resident_clusters() {
+  static const int clusters = [] {
+    int n = 0;
+    cuda_check(cudaFuncSetAttribute(span_wide_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kWideSmemBytes)),
+               "compressor (cuda): the span cluster kernel's shared memory");
+    cuda_check(max_active_clusters(span_wide_kernel<false>, dim3(kWideSplit), kWideThreads, kWideSmemBytes, &n),
+               "compressor (cuda): the span cluster kernel's resident clusters");
+    return n;
+  }();
+  return clusters;
+}
+
 // span_wide_kernel over spans of `span` tokens.
 void launch_span_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream, int span) {
-  static const cudaError_t raised = cudaFuncSetAttribute(
-      span_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWideSmemBytes));
-  cuda_check(raised, "compressor (cuda): the span cluster kernel's shared memory");
-  span = std::min(kWideThreads, span);
-  pdl_launch_clustered(span_wide_kernel, dim3(unsigned((p.num_tokens + span - 1) / span) * kWideSplit),
-                       dim3(kWideThreads), kWideSmemBytes, stream, dim3(kWideSplit), p, args, span);
+  static const cudaError_t raised[2] = {
+      cudaFuncSetAttribute(span_wide_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWideSmemBytes)),
+      cudaFuncSetAttribute(span_wide_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWideSmemBytes))};
+  cuda_check(raised[0], "compressor (cuda): the span cluster kernel's shared memory");
+  cuda_check(raised[1], "compressor (cuda): the span cluster kernel's shared memory (stamped)");
+  span = std::min(kWideMaxSpan, span);
+  pdl_launch_clustered(g_wide_stamps ? span_wide_kernel<true> : span_wide_kernel<false>,
+                       dim3(unsigned((p.num_tokens + span - 1) / span) * kWideSplit), dim3(kWideThreads),
+                       kWideSmemBytes, stream, dim3(kWideSplit), p, args, span, g_wide_stamps);
 }
 
 void set_compressor_wide_stamps(unsigned long long* stamps) { g_wide_stamps = stamps; }

@@ -513,10 +513,10 @@ TEST_F(Compressor, C4ADecodeCachesPast2GiB) {
 // tokens): one kernel whose CTAs write their rows and pool their entries
 // (the launcher's rule: at m = 4 quad_kernel from 2,048 tokens, 8,192 for
 // the indexer's, below them 4 tokens a CTA of span_kernel; C128A on clusters
-// of 64 tokens, 16 in a step below 1,024). The runs of the kAny tests under
-// the rule, on the quad kernel (kQuad) and with spans forced (span_kernel,
-// or C128A's clusters of that many tokens): 1 token a CTA, 3, 7, the
-// largest; -1 asks for kAny's two kernels.
+// of 64 tokens, 16 in a step below 1,024, 128 where that saves a wave). The
+// runs of the kAny tests under the rule, on the quad kernel (kQuad) and with
+// spans forced (span_kernel, or C128A's clusters of that many tokens): 1
+// token a CTA, 3, 7, the largest; -1 asks for kAny's two kernels.
 constexpr int kQuad = -2;
 CompSpec runs_spec(int m, int c, EntryFormat record, std::vector<RunSpec> runs, uint64_t seed, int span,
                    int kernels) {
@@ -549,6 +549,21 @@ TEST_F(Compressor, C128APrefillChunkRuns) {  // clusters of 64 tokens
 }
 TEST_F(Compressor, C128ALongChunkRuns) {
   run_compressor(runs_spec(128, 512, kMla, {{200, 4100}}, 100, 0, 1));
+}
+// A chunk whose spans of 64 tokens would fill more than a wave of clusters
+// and spans of 128 one (the rule's 128-token spans on today's GPUs: 30
+// clusters resident on an H100), and the 128-token spans forced on a chunk
+// that starts inside a block (each entry's rows in two clusters' spans and
+// the state).
+TEST_F(Compressor, C128AOneWaveChunkRuns) {
+  const int wave = cuda::compressor_c128a_resident_clusters();
+  std::printf("C128A's kRuns kernel: %d clusters resident, spans of %d tokens at 2,500 tokens\n", wave,
+              cuda::compressor_c128a_span(2500));
+  EXPECT_EQ(cuda::compressor_c128a_span(2500), (2500 + 63) / 64 >= wave && (2500 + 127) / 128 <= wave ? 128 : 64);
+  run_compressor(runs_spec(128, 512, kMla, {{0, 2500}}, 102, 0, 1));
+}
+TEST_F(Compressor, C128ABlockSpansRuns) {
+  run_compressor(runs_spec(128, 512, kMla, {{300, 2500}, {37, 100}}, 103, 128, 1));
 }
 TEST_F(Compressor, C4ARunsOneTokenACta) {
   run_compressor(runs_spec(4, 512, kMla, {{10, 37}, {0, 4}, {1048570, 6}}, 88, 1, 1));
@@ -590,6 +605,36 @@ TEST_F(Compressor, C128ARunsOneCta) {
   CompSpec spec = runs_spec(128, 512, kMla, {{200, 150}, {0, 300}, {1048575, 1}}, 98, 16, 1);
   spec.clusters = false;
   run_compressor(spec);
+}
+
+// The kRuns cluster kernel's stamped instantiation (fused_bench
+// --span-stamps): the same bits, every CTA's points in order, and the
+// entry's points exactly on the clusters whose span completes one (300
+// tokens from position 0 and the 2 padding tokens in spans of 64: clusters
+// 1 and 3 hold positions 127 and 255).
+TEST_F(Compressor, SpanWideStampsLeaveTheEntriesAlone) {
+  constexpr int kSpan = 64, kClusters = (300 + 2 + kSpan - 1) / kSpan;
+  const size_t per = cuda::kWideStampCount;
+  DeviceArray<unsigned long long> stamps(std::vector<unsigned long long>(kClusters * cuda::kWideSplit * per, 0));
+  cuda::set_compressor_wide_stamps(stamps.get());
+  run_compressor(runs_spec(128, 512, kMla, {{0, 300}}, 101, kSpan, 1));
+  cuda::set_compressor_wide_stamps(nullptr);
+  const std::vector<unsigned long long> h = stamps.download();
+  for (int c = 0; c < kClusters; ++c) {
+    const bool entry = c == 1 || c == 3;
+    for (size_t cta = size_t(c) * cuda::kWideSplit; cta < size_t(c + 1) * cuda::kWideSplit; ++cta) {
+      unsigned long long prev = 0;
+      for (size_t pt = 0; pt < per; ++pt) {
+        const unsigned long long v = h[cta * per + pt];
+        const bool expected = entry || pt <= 2 || pt == per - 1;
+        ASSERT_EQ(v != 0, expected) << "cluster " << c << " CTA " << cta << " point "
+                                    << cuda::kSpanWideStampNames[pt];
+        if (!v) continue;
+        EXPECT_LE(prev, v) << "CTA " << cta << " point " << cuda::kSpanWideStampNames[pt];
+        prev = v;
+      }
+    }
+  }
 }
 
 // The state blocks as the block manager gives them pages (live_state_only:
