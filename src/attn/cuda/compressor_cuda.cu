@@ -198,8 +198,8 @@ int g_quad_from = -1;         // set_compressor_quad_from
 // The rule of kRuns steps: every compressor on one kernel. At m = 4
 // quad_kernel from kQuadMainFrom tokens (the main compressor) or
 // kQuadIndexFrom (the indexer's), below them span_kernel at kSpan4 tokens a
-// CTA; C128A's main entries on clusters of 64 tokens (16 below 1,024, 128 where
-// that saves a wave: wide_span_for).
+// CTA; C128A's main entries on clusters over spans of 16-128 tokens
+// (wide_span_for).
 // fused_bench on an H100, us (seventieth session, BP1, one build;
 // span_kernel at 4 tokens a CTA in brackets): C4A main 8,192 tokens 53.6
 // [84.9], 4,096 33.7 [43.2], 2,048 17.1 [22.5], 1,024 14.0 [11.7], 512 12.5
@@ -211,24 +211,30 @@ int g_quad_from = -1;         // set_compressor_quad_from
 // 12.6); two kernels lost once their entries read the step's rows from the
 // projection instead of rows the rows kernel had just left in L2.
 constexpr int kSpan4 = 4, kQuadMainFrom = 2048, kQuadIndexFrom = 8192;
-constexpr int kWideSpan = 64, kWideShortSpan = 16, kWideShortBelow = 1024, kWideBlockSpan = 128;
+constexpr int kWideMinSpan = 16, kWideBlockSpan = 128, kWideSpan = 64;
 
-// C128A's clusters over spans of kWideSpan tokens (kWideShortSpan in a short
-// step), or of kWideBlockSpan where those fit in one wave of resident
-// clusters and kWideSpan's would fill it or more. An H100 holds 30 (8 CTAs
-// of 64 KB each), and a cluster with an entry to pool takes about 16 us, a
-// chain of its metadata, loads, weights and sums (fused_bench
-// --span-stamps): 1,920-3,840 tokens took 16.3-26.6 us on spans of 128,
-// 17.6-29.7 on spans of 64 (3,072: 18.8 against 24.0), 1,536 15.3 on spans
-// of 64 (24 clusters) and 16.3 on 128; from 4,096 every span takes several
-// waves, and spans of 64, half of them without an entry, stay faster (30.3
-// against 33.6 us at 4,096, 51.6 against 54.0 at 8,192; runs BT3, BT6).
+// C128A's clusters over the shortest spans, from kWideMinSpan tokens to a
+// block's kWideBlockSpan, whose clusters are fewer than a wave of resident
+// ones; past kWideBlockSpan's wave, spans of kWideSpan. An H100 holds 30
+// clusters (8 CTAs of 64 KB each) and one that pools an entry takes about
+// 16 us, a chain of its metadata, loads, weights and sums (fused_bench
+// --span-stamps), so a second wave costs about as much as the first:
+// spans of 16 took 16.0-17.5 us at 512-960 tokens, the rule's 32 or 64
+// 12.4-13.9; 1,920-3,840 tokens 17.6-29.7 on spans of 64, 16.3-26.6 on
+// 128 (3,072: 24.0 against 18.8). A grid of exactly a wave was slower than
+// half as many clusters (960 tokens: 14.3 on spans of 32, 13.9 on 64; 1,920:
+// 17.6 on 64, 16.3 on 128), the PDL predecessor holding some slots as it
+// starts; at 3,840 tokens 30 clusters of 128 still beat 60 of 64 (26.6
+// against 29.7). From 4,096 tokens every span takes several waves and spans
+// of 64, half of them without an entry, were the fastest (30.3 against 33.6
+// us on 128 at 4,096, 51.6 against 54.0 at 8,192). H100, runs BT3, BT6, BT8.
 int wide_span_for(int tokens) {
   if (g_span_tokens > 0) return g_span_tokens;
-  if (tokens < kWideShortBelow) return kWideShortSpan;
   const int wave = span_wide_resident_clusters();
   const auto clusters = [tokens](int span) { return (tokens + span - 1) / span; };
-  return clusters(kWideSpan) >= wave && clusters(kWideBlockSpan) <= wave ? kWideBlockSpan : kWideSpan;
+  for (int span = kWideMinSpan; span <= kWideBlockSpan; span *= 2)
+    if (clusters(span) < wave) return span;
+  return clusters(kWideBlockSpan) <= wave ? kWideBlockSpan : kWideSpan;
 }
 
 void launch_span_wide_rule(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream) {

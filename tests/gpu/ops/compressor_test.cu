@@ -513,10 +513,10 @@ TEST_F(Compressor, C4ADecodeCachesPast2GiB) {
 // tokens): one kernel whose CTAs write their rows and pool their entries
 // (the launcher's rule: at m = 4 quad_kernel from 2,048 tokens, 8,192 for
 // the indexer's, below them 4 tokens a CTA of span_kernel; C128A on clusters
-// of 64 tokens, 16 in a step below 1,024, 128 where that saves a wave). The
-// runs of the kAny tests under the rule, on the quad kernel (kQuad) and with
-// spans forced (span_kernel, or C128A's clusters of that many tokens): 1
-// token a CTA, 3, 7, the largest; -1 asks for kAny's two kernels.
+// over the shortest spans of 16-128 tokens that fit in a wave). The runs of
+// the kAny tests under the rule, on the quad kernel (kQuad) and with spans
+// forced (span_kernel, or C128A's clusters of that many tokens): 1 token a
+// CTA, 3, 7, the largest; -1 asks for kAny's two kernels.
 constexpr int kQuad = -2;
 CompSpec runs_spec(int m, int c, EntryFormat record, std::vector<RunSpec> runs, uint64_t seed, int span,
                    int kernels) {
@@ -550,17 +550,27 @@ TEST_F(Compressor, C128APrefillChunkRuns) {  // clusters of 64 tokens
 TEST_F(Compressor, C128ALongChunkRuns) {
   run_compressor(runs_spec(128, 512, kMla, {{200, 4100}}, 100, 0, 1));
 }
-// A chunk whose spans of 64 tokens would fill more than a wave of clusters
-// and spans of 128 one (the rule's 128-token spans on today's GPUs: 30
-// clusters resident on an H100), and the 128-token spans forced on a chunk
-// that starts inside a block (each entry's rows in two clusters' spans and
-// the state).
+// C128A's spans under the rule: the shortest of 16, 32, 64 and 128 tokens
+// whose clusters are fewer than the device holds at once (30 on an H100),
+// else 128 tokens while those fit in a wave, else 64. Chunks of 600 and
+// 2,500 tokens take 32 and 128 on today's GPUs; and the 128-token spans
+// forced on a chunk that starts inside a block (each entry's rows in two
+// clusters' spans and the state).
+int expected_c128a_span(int tokens, int wave) {
+  for (int span = 16; span <= 128; span *= 2)
+    if ((tokens + span - 1) / span < wave) return span;
+  return (tokens + 127) / 128 <= wave ? 128 : 64;
+}
 TEST_F(Compressor, C128AOneWaveChunkRuns) {
   const int wave = cuda::compressor_c128a_resident_clusters();
-  std::printf("C128A's kRuns kernel: %d clusters resident, spans of %d tokens at 2,500 tokens\n", wave,
-              cuda::compressor_c128a_span(2500));
-  EXPECT_EQ(cuda::compressor_c128a_span(2500), (2500 + 63) / 64 >= wave && (2500 + 127) / 128 <= wave ? 128 : 64);
+  std::printf("C128A's kRuns kernel: %d clusters resident; spans of %d, %d, %d and %d tokens at 600, 2,500, "
+              "4,096 and 8,192 tokens\n",
+              wave, cuda::compressor_c128a_span(600), cuda::compressor_c128a_span(2500),
+              cuda::compressor_c128a_span(4096), cuda::compressor_c128a_span(8192));
+  for (int tokens : {1, 128, 600, 960, 1920, 2500, 3840, 4096, 8192})
+    EXPECT_EQ(cuda::compressor_c128a_span(tokens), expected_c128a_span(tokens, wave)) << tokens << " tokens";
   run_compressor(runs_spec(128, 512, kMla, {{0, 2500}}, 102, 0, 1));
+  run_compressor(runs_spec(128, 512, kMla, {{0, 600}}, 104, 0, 1));
 }
 TEST_F(Compressor, C128ABlockSpansRuns) {
   run_compressor(runs_spec(128, 512, kMla, {{300, 2500}, {37, 100}}, 103, 128, 1));
