@@ -378,6 +378,23 @@ void run_case(const Case& c, cudaStream_t s) {
   std::fflush(stdout);
 }
 
+// The calls of time_calls (*us: its median), each launch of C128A's cluster
+// kernels with its own stamp buffer of `per` points (set_compressor_wide_stamps
+// is read at launch, so each captured launch keeps its pointer): the stamps
+// of launch l at [per * l, per * (l + 1)).
+std::vector<unsigned long long> stamped_calls(Instances& inst, cudaStream_t s, size_t per, double* us) {
+  const int launches = launches_for(inst);
+  Mem mem;
+  unsigned long long* buf = mem.alloc<unsigned long long>(per * size_t(launches));
+  CHECK(cudaMemset(buf, 0, per * size_t(launches) * sizeof(unsigned long long)));
+  CHECK(cudaDeviceSynchronize());
+  *us = time_calls(inst, s, [&](int i) { dsv4::cuda::set_compressor_wide_stamps(buf + per * size_t(i)); });
+  dsv4::cuda::set_compressor_wide_stamps(nullptr);
+  std::vector<unsigned long long> h(per * size_t(launches));
+  CHECK(cudaMemcpy(h.data(), buf, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  return h;
+}
+
 // --stamps: the C128A cluster kernel's phases at one decode token (the
 // compressor c128a row of T = 1), from its stamped instantiation
 // (set_compressor_wide_stamps). The graph of the timing holds `launches`
@@ -392,15 +409,8 @@ void wide_stamps(cudaStream_t s) {
   constexpr int kCtas = kWideSplit;  // one token's cluster
   const int launches = launches_for(inst);
   const size_t per = size_t(kCtas) * kWideStampCount;
-  Mem mem;
-  unsigned long long* buf = mem.alloc<unsigned long long>(per * size_t(launches));
-  CHECK(cudaMemset(buf, 0, per * size_t(launches) * sizeof(unsigned long long)));
-  CHECK(cudaDeviceSynchronize());
-  const double us =
-      time_calls(inst, s, [&](int i) { dsv4::cuda::set_compressor_wide_stamps(buf + per * size_t(i)); });
-  dsv4::cuda::set_compressor_wide_stamps(nullptr);  // each captured launch kept its own pointer
-  std::vector<unsigned long long> h(per * size_t(launches));
-  CHECK(cudaMemcpy(h.data(), buf, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  double us = 0;
+  const std::vector<unsigned long long> h = stamped_calls(inst, s, per, &us);
   using dsv4::bench::median;
   std::printf("c128a entry, stamped: %.2f us a call (%d launches a graph)\n", us, launches);
   std::printf("| point | median of CTAs' median us | median of latest us |\n|---|---|---|\n");
@@ -420,7 +430,6 @@ void wide_stamps(cudaStream_t s) {
   std::fflush(stdout);
 }
 
-
 // --span-stamps T [SPAN]: the C128A kRuns cluster kernel at T tokens (spans
 // of SPAN tokens; default the launcher's rule, compressor_c128a_span) with
 // its phases stamped (kSpanWideStampNames). Every cluster's rank-0 points of
@@ -436,16 +445,9 @@ void span_stamps(cudaStream_t s, int T, int span) {
   Instances inst = make_instances(compressor_case("compressor c128a", T, 128, 512, dsv4::EntryFormat::kFp8DsMla));
   const int clusters = (T + span - 1) / span, ctas = clusters * kWideSplit, launches = launches_for(inst);
   const size_t per = size_t(ctas) * kWideStampCount;
-  Mem mem;
-  unsigned long long* buf = mem.alloc<unsigned long long>(per * size_t(launches));
-  CHECK(cudaMemset(buf, 0, per * size_t(launches) * sizeof(unsigned long long)));
-  CHECK(cudaDeviceSynchronize());
-  const double us =
-      time_calls(inst, s, [&](int i) { dsv4::cuda::set_compressor_wide_stamps(buf + per * size_t(i)); });
-  dsv4::cuda::set_compressor_wide_stamps(nullptr);
+  double us = 0;
+  const std::vector<unsigned long long> h = stamped_calls(inst, s, per, &us);
   dsv4::cuda::set_compressor_span_tokens(0, true);
-  std::vector<unsigned long long> h(per * size_t(launches));
-  CHECK(cudaMemcpy(h.data(), buf, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
   const unsigned long long* at = h.data() + per * size_t(launches / 2);
   unsigned long long t0 = ~0ull, last = 0;
   for (int c = 0; c < ctas; ++c) {
