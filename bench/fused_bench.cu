@@ -440,8 +440,8 @@ void wide_stamps(cudaStream_t s) {
 void span_stamps(cudaStream_t s, int T, int span) {
   using dsv4::cuda::kWideStampCount;
   using dsv4::cuda::kWideSplit;
-  if (span <= 0) span = dsv4::cuda::compressor_c128a_span(T);
-  dsv4::cuda::set_compressor_span_tokens(span, true);
+  dsv4::cuda::set_compressor_span_tokens(std::max(span, 0), true);
+  span = dsv4::cuda::compressor_c128a_span(T);  // what the launcher takes: the rule, or SPAN capped
   Instances inst = make_instances(compressor_case("compressor c128a", T, 128, 512, dsv4::EntryFormat::kFp8DsMla));
   const int clusters = (T + span - 1) / span, ctas = clusters * kWideSplit, launches = launches_for(inst);
   const size_t per = size_t(ctas) * kWideStampCount;
@@ -494,7 +494,13 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   CHECK(cudaStreamCreate(&s));
   if (argc > 2 && std::string(argv[1]) == "--span-stamps") {
-    span_stamps(s, std::atoi(argv[2]), argc > 3 ? std::atoi(argv[3]) : 0);
+    const int T = std::atoi(argv[2]);
+    if (T < 1) {
+      std::fprintf(stderr, "fused_bench --span-stamps T [SPAN]: T must be a positive token count\n");
+      CHECK(cudaStreamDestroy(s));
+      return 2;
+    }
+    span_stamps(s, T, argc > 3 ? std::atoi(argv[3]) : 0);
     CHECK(cudaStreamDestroy(s));
     return 0;
   }
