@@ -111,15 +111,24 @@ __device__ __forceinline__ void stage_slices(const CompressorParams& p, const En
     reinterpret_cast<float4*>(stage + (tid / kQuads + u * (kWideThreads / kQuads)) * kWideRowFloats)[q] = v[u];
 }
 
+// The cluster kernels' diagnostics (set_compressor_wide_stamps): with kOn,
+// thread 0 of each CTA writes %globaltimer at a point to
+// at[blockIdx.x * kWideStampCount + point]; without, nothing.
+template <bool kOn>
+struct CtaStamps {
+  unsigned long long* at;
+  __device__ __forceinline__ void operator()(int point) const {
+    if constexpr (kOn)
+      if (threadIdx.x == 0) at[size_t(blockIdx.x) * kWideStampCount + point] = global_timer_ns();
+  }
+};
+
 // kStamps: the diagnostics instantiation (set_compressor_wide_stamps).
 template <bool kStamps>
 __global__ void __launch_bounds__(kWideThreads)
     rows_entries_wide_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args,
                              unsigned long long* stamps) {
-  auto stamp = [&](int at) {
-    if constexpr (kStamps)
-      if (threadIdx.x == 0) stamps[size_t(blockIdx.x) * kWideStampCount + at] = global_timer_ns();
-  };
+  const CtaStamps<kStamps> stamp{stamps};
   stamp(0);
   extern __shared__ __align__(16) float stage[];  // [row][kWideRowFloats]
   __shared__ const float* rows_s[kMaxPooledRows];
@@ -203,10 +212,7 @@ template <bool kStamps>
 __global__ void __launch_bounds__(kWideThreads)
     span_wide_kernel(const CompressorParams p, const __grid_constant__ EntryArgs args, int span,
                      unsigned long long* stamps) {
-  auto stamp = [&](int at) {
-    if constexpr (kStamps)
-      if (threadIdx.x == 0) stamps[size_t(blockIdx.x) * kWideStampCount + at] = global_timer_ns();
-  };
+  const CtaStamps<kStamps> stamp{stamps};
   stamp(0);
   extern __shared__ __align__(16) float stage[];  // [row][kWideRowFloats]
   __shared__ const float* rows_s[kMaxPooledRows];
