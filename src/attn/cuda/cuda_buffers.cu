@@ -47,7 +47,6 @@ void carve(Carver& c, StepBuffers& b, const ModelConfig& m, IndexKeyFormat keys,
   b.x = c.take<uint16_t>(T * D);
   b.x8 = fp8_act(c, tokens, int(D), capacity);
   b.qkv = c.take<uint16_t>(T * (R + kKvDim));
-  b.cq = c.take<uint16_t>(T * R);
   b.cq8 = fp8_act(c, tokens, int(R), capacity);
   b.q = c.take<uint16_t>(T * H * kKvDim);
   // Compressor wkv | wgate (k = 2 for C4A), indexer compressor wkv | wgate,

@@ -61,8 +61,7 @@ struct StepBuffers {
   uint16_t* x = nullptr;           // [T, D] bf16 layer input
   Fp8ActOut x8;                    // its FP8 form
   uint16_t* qkv = nullptr;         // [T, q_lora + 512] bf16: [x wq_a^T | x wkv^T]
-  uint16_t* cq = nullptr;          // [T, q_lora] bf16
-  Fp8ActOut cq8;
+  Fp8ActOut cq8;                   // [T, q_lora] the normed q_lora, FP8 (the linears' input)
   uint16_t* q = nullptr;           // [T, H * 512] bf16
   float* proj = nullptr;           // [T, proj_ld] fp32 compressor / weights_proj projections
   int64_t proj_ld = 0;

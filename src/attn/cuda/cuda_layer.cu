@@ -228,9 +228,7 @@ void CudaLayer::project_q_kv(StepBuffers& b) {
   p.eps = float(config_.rms_norm_eps);
   p.positions = b.step.positions;
   p.rope = &rope_;
-  p.cq = b.cq;
-  p.cq_ld = R;
-  p.cq_fp8 = b.cq8;
+  p.cq_fp8 = b.cq8;  // cq in the FP8 form wq_b and the indexer's wq_b read; no bf16 copy (p.cq)
   p.swa = b.cache->pages(layer_, CacheKind::kSwa);
   p.swa_slot = b.step.swa_slot;
   qkv_norm_rope_cuda(p, b.stream);
