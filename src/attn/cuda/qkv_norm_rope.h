@@ -1,8 +1,9 @@
 #pragma once
 // The q/kv kernel of a layer (SPEC §4.1-2, §5, §7 step 2) on the GPU: one
 // kernel over the fused projection output [x wq_a^T | x wkv^T] (bf16) that
-//  - q part: cq = bf16(RMSNorm(q; q_norm)), written as bf16 and as the FP8
-//    activation (1x128 blocks) that wq_b and indexer.wq_b read;
+//  - q part: cq = bf16(RMSNorm(q; q_norm)), written as the FP8 activation
+//    (1x128 blocks) that wq_b and indexer.wq_b read and, when asked (the
+//    tests; the layer does not), as bf16;
 //  - kv part: kv = bf16(RMSNorm(kv; kv_norm)), RoPE on dims 448..511 at the
 //    token's position, bf16, then the fp8_ds_mla record (SPEC §6) into the
 //    SWA cache at swa_slot[t] (-1, or a slot past the capacity: nothing).
