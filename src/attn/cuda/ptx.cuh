@@ -23,6 +23,14 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   return policy;
 }
 
+// Drops the 128-byte L2 line at p (128-byte aligned) without writing it
+// back to DRAM; its contents become undefined. For scratch that nothing
+// reads again: a dirty line left in L2 is written back when it is evicted,
+// taking DRAM time from whatever streams then (sparse_mla_combine.cu).
+__device__ __forceinline__ void discard_l2_line(const void* p) {
+  asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(p) : "memory");
+}
+
 // 16-byte async copy global -> shared; src_bytes = 0 writes zeros and reads nothing.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");

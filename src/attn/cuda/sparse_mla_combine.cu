@@ -53,6 +53,17 @@ struct MergeState {
 struct CombineItem {
   int h, f, t, hb, r, lane, n_part, first_partial, first_slot;
   bool padded;  // a padded head: no output (whole warps)
+
+  // The partial slot of the unit's i-th partial: work slot s's CTA for head
+  // block r is s * cluster + r, and the first slot's partial is its slot 1
+  // when the unit starts inside that slot's range.
+  __device__ __forceinline__ int partial(int i, int cluster) const {
+    return ((first_partial + i) * cluster + r) * 2 + (i == 0 ? first_slot : 0);
+  }
+  // Where this item's float4 of partial i is.
+  __device__ __forceinline__ const float* o_of(const AttnParams& p, int i) const {
+    return p.partial_o + (int64_t(partial(i, p.cluster)) * 64 + h) * 512 + 4 * f;
+  }
 };
 
 __device__ __forceinline__ CombineItem combine_item(const AttnParams& p, int idx, int lg, int per) {
@@ -82,8 +93,6 @@ __device__ __forceinline__ void combine_one(const AttnParams& p, const CombineIt
   float4 cs = make_float4(1.0f, 0.0f, 1.0f, 0.0f);
   const bool rotate = p.rope_cs != nullptr && c.f >= kRopeF4 && c.lane == 0;
   if (rotate) cs = __ldg(reinterpret_cast<const float4*>(p.rope_cs + int64_t(c.t) * 32 + 2 * (c.f - kRopeF4)));
-  // Work slot s's CTA for head block r is s * cluster + r.
-  auto partial = [&](int i) { return ((c.first_partial + i) * p.cluster + c.r) * 2 + (i == 0 ? c.first_slot : 0); };
   // This lane's partials lane, lane + 2^lg, ... in order, rescaling as the
   // maximum grows (the loads do not depend on the running state, so they
   // are all in flight together); then the lanes' states merge in a fixed
@@ -92,8 +101,8 @@ __device__ __forceinline__ void combine_one(const AttnParams& p, const CombineIt
   MergeState st;
 #pragma unroll 8
   for (int i = c.lane; i < c.n_part; i += 1 << lg) {
-    const float2 ml = __ldg(p.partial_ml + partial(i) * 64 + c.h);
-    const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial_o + (int64_t(partial(i)) * 64 + c.h) * 512) + c.f);
+    const float2 ml = __ldg(p.partial_ml + c.partial(i, p.cluster) * 64 + c.h);
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(c.o_of(p, i)));
     st.add(ml.x, ml.y, v);
   }
   for (int d = 1; d < (1 << lg); d <<= 1) {
@@ -110,6 +119,19 @@ __device__ __forceinline__ void combine_one(const AttnParams& p, const CombineIt
   if (rotate) w = make_uint2(rope_rotate_bf16x2(w.x, make_float2(cs.x, cs.y)), rope_rotate_bf16x2(w.y, make_float2(cs.z, cs.w)));
   *reinterpret_cast<uint2*>(p.out + row * 512 + 4 * c.f) = w;
   if (c.f == 0 && p.lse != nullptr) p.lse[row] = st.l > 0.0f ? st.m * kLn2 + logf(st.l) : -INFINITY;
+}
+
+// Drops the partial lines item c merged from L2, so that they are never
+// written back to DRAM: a C128A layer at batch 1 and 1M context leaves 5.6
+// MB of them, whose write-back took DRAM time from the next kernels' weight
+// streams (BV1, H100: the 1 x 1M step 4.44-4.46 -> 4.32-4.36 ms, 8 x 1M
+// 7.84 -> 7.68). The thread of a line's first float4 (f % 8 == 0) drops
+// that line of each partial it merged. The line's other seven float4 are
+// items of the same CTA (its items are 256 >> lg consecutive float4 of one
+// or two head rows), whose loads all precede the caller's barrier.
+__device__ __forceinline__ void discard_partials(const AttnParams& p, const CombineItem& c, int lg) {
+  if (c.padded || (c.f & 7) != 0) return;
+  for (int i = c.lane; i < c.n_part; i += 1 << lg) discard_l2_line(c.o_of(p, i));
 }
 
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_constant__ AttnParams p) {
@@ -139,6 +161,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
   for (bool first = true; idx < threads; idx += gridDim.x * kCombineThreads, first = false) {
     if (!first) c = combine_item(p, idx, lg, per);
     if (!c.padded) combine_one(p, c, lg);
+    __syncthreads();  // the CTA's threads run the same trips: threads is a multiple of 8,192
+    discard_partials(p, c, lg);
   }
 }
 
