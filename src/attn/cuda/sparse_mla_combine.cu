@@ -123,12 +123,13 @@ __device__ __forceinline__ void combine_one(const AttnParams& p, const CombineIt
 
 // Drops the partial lines item c merged from L2, so that they are never
 // written back to DRAM: a C128A layer at batch 1 and 1M context leaves 5.6
-// MB of them, whose write-back took DRAM time from the next kernels' weight
-// streams (BV1, H100: the 1 x 1M step 4.44-4.46 -> 4.32-4.36 ms, 8 x 1M
-// 7.84 -> 7.68). The thread of a line's first float4 (f % 8 == 0) drops
-// that line of each partial it merged. The line's other seven float4 are
-// items of the same CTA (its items are 256 >> lg consecutive float4 of one
-// or two head rows), whose loads all precede the caller's barrier.
+// MB of them, whose write-back lands in the next kernels' streams (BV1,
+// H100: the 1 x 1M step 4.44-4.46 -> 4.32-4.36 ms, 8 x 1M 7.84 -> 7.68;
+// 8-32 requests 3-5% faster in BV4-BV6). The thread of a line's first
+// float4 (f % 8 == 0) drops that line of each partial it merged. The line's
+// other seven float4 are items of the same CTA (its items are 256 >> lg
+// consecutive float4 of one or two head rows), whose loads all precede the
+// caller's barrier.
 __device__ __forceinline__ void discard_partials(const AttnParams& p, const CombineItem& c, int lg) {
   if (c.padded || (c.f & 7) != 0) return;
   for (int i = c.lane; i < c.n_part; i += 1 << lg) discard_l2_line(c.o_of(p, i));
