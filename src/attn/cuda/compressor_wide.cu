@@ -285,12 +285,24 @@ void launch_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* 
                        dim3(kWideSplit), p, args, g_wide_stamps);
 }
 
+namespace {
+
+// Raises both span_wide_kernel instantiations' dynamic shared-memory limit
+// (once a process) for the launcher and the occupancy query alike.
+void raise_span_wide_smem() {
+  static const cudaError_t raised[2] = {
+      cudaFuncSetAttribute(span_wide_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWideSmemBytes)),
+      cudaFuncSetAttribute(span_wide_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWideSmemBytes))};
+  cuda_check(raised[0], "compressor (cuda): the span cluster kernel's shared memory");
+  cuda_check(raised[1], "compressor (cuda): the span cluster kernel's shared memory (stamped)");
+}
+
+}  // namespace
+
 int span_wide_resident_clusters() {
   static const int clusters = [] {
+    raise_span_wide_smem();
     int n = 0;
-    cuda_check(cudaFuncSetAttribute(span_wide_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(kWideSmemBytes)),
-               "compressor (cuda): the span cluster kernel's shared memory");
     cuda_check(max_active_clusters(span_wide_kernel<false>, dim3(kWideSplit), kWideThreads, kWideSmemBytes, &n),
                "compressor (cuda): the span cluster kernel's resident clusters");
     return n;
@@ -300,11 +312,7 @@ int span_wide_resident_clusters() {
 
 // span_wide_kernel over spans of `span` tokens.
 void launch_span_wide(const CompressorParams& p, const EntryArgs& args, CUstream_st* stream, int span) {
-  static const cudaError_t raised[2] = {
-      cudaFuncSetAttribute(span_wide_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWideSmemBytes)),
-      cudaFuncSetAttribute(span_wide_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWideSmemBytes))};
-  cuda_check(raised[0], "compressor (cuda): the span cluster kernel's shared memory");
-  cuda_check(raised[1], "compressor (cuda): the span cluster kernel's shared memory (stamped)");
+  raise_span_wide_smem();
   span = std::min(kWideMaxSpan, span);
   pdl_launch_clustered(g_wide_stamps ? span_wide_kernel<true> : span_wide_kernel<false>,
                        dim3(unsigned((p.num_tokens + span - 1) / span) * kWideSplit), dim3(kWideThreads),
