@@ -1001,6 +1001,100 @@ TEST_F(LinearCudaTest, W8A16GemmAlone) {
 
 TEST_F(LinearCudaTest, W8A16FlashShape) { check_w8a16("wo_a 8x[1024,4096]", 8, 1024, 4096, {1, 8, 64, 128, 512}, 33); }
 
+// ---- decode rows' split sums ---------------------------------------------------------
+
+// A row's products do not depend on the other rows, and every cluster sum
+// adds the splits in rank order, so 1-8 rows (one 8-token tile) give bit for
+// bit the first rows of the same call at 9 rows (a 16-token tile), y and
+// wo_a's FP8 output alike, on both own kernels and at 2, 4 and 8 splits.
+// A decode-only way of summing the splits (docs/experiments/push-sum.patch:
+// pushed to each row's owner instead of pulled) must keep this.
+struct SplitRun {
+  std::vector<uint16_t> y;
+  std::vector<uint8_t> q;  // W8A16 only
+  LinearRoute route;
+};
+
+void expect_rows_equal(const std::string& label, const SplitRun& few, const SplitRun& nine, int m, int64_t ny,
+                       int64_t ldy, int64_t nq, int64_t ldq) {
+  for (int r = 0; r < m; ++r) {
+    EXPECT_EQ(std::memcmp(few.y.data() + r * ldy, nine.y.data() + r * ldy, size_t(ny) * 2), 0) << label << " y row " << r;
+    if (nq > 0)
+      EXPECT_EQ(std::memcmp(few.q.data() + r * ldq, nine.q.data() + r * ldq, size_t(nq)), 0) << label << " q row " << r;
+  }
+}
+
+TEST_F(LinearCudaTest, DecodeTileGivesTheBitsOfALongerTile) {
+  std::mt19937_64 rng(97);
+  const int groups = 2;
+  const int64_t n_g = 256, k_g = 2048;  // 16 k blocks a group: 2, 4 and 8 splits
+  const WeightMatrix wa = random_fp8("wo_a", groups * n_g, k_g, rng);
+  W8A16GroupedLinear w8(wa, groups);
+  std::vector<WeightMatrix> parts;
+  parts.push_back(random_fp8("w", 384, k_g, rng));
+  Fp8Linear f8(pointers(parts));
+  std::vector<cuda::LinearNeeds> needs;  // forced splits can need more partials than the automatic ones
+  for (LinearPath path : {LinearPath::kSmallM, LinearPath::kGemm}) {
+    W8A16Options opts;
+    opts.path = path, opts.splits = 8;
+    w8.set_options(opts);
+    f8.set_options({path, 32, 8});
+    needs.push_back(w8.needs(9));
+    needs.push_back(f8.needs(9));
+  }
+  LinearWorkspace ws(needs);
+  const int64_t kin = groups * k_g, ldx = kin + 8, nout = groups * n_g, ldy = nout + 8;
+  const std::vector<float> x = random_activation(9, kin, rng);
+  std::vector<float> xs(size_t(9) * size_t(ldx), 0.0f);
+  for (int r = 0; r < 9; ++r) std::copy_n(x.begin() + r * kin, kin, xs.begin() + r * ldx);
+  DeviceArray<uint16_t> xd(to_bf16(xs));
+  std::vector<float> x8(size_t(9) * size_t(k_g));  // the FP8 linear's input: each row's first k_g columns
+  for (int r = 0; r < 9; ++r) std::copy_n(x.begin() + r * kin, k_g, x8.begin() + r * k_g);
+  const DeviceAct act = quantized_on_gpu(x8, 9, k_g);
+
+  auto run_w8 = [&](int m, LinearPath path, int splits) {
+    W8A16Options opts;
+    opts.path = path, opts.splits = splits;
+    w8.set_options(opts);
+    DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t((m + 2) * ldy), kPoison16));
+    DeviceAct qd(m, nout);
+    const Fp8ActOut qo = qd.out();
+    w8.forward(xd.get(), ldx, m, y.get(), ldy, &qo, ws, nullptr);
+    sync();
+    return SplitRun{y.download(), qd.data->download(), w8.last_route()};
+  };
+  auto run_f8 = [&](int m, LinearPath path, int splits) {
+    f8.set_options({path, 32, splits});
+    DeviceArray<uint16_t> y(std::vector<uint16_t>(size_t((m + 2) * ldy), kPoison16));
+    Fp8ActOut in = act.out();
+    in.rows = m;
+    f8.forward(Fp8Act(in), y.get(), ldy, ws, nullptr);
+    sync();
+    return SplitRun{y.download(), {}, f8.last_route()};
+  };
+  for (LinearPath path : {LinearPath::kSmallM, LinearPath::kGemm})
+    for (int splits : {2, 4, 8}) {
+      const std::string at = path_name(path) + " splits " + std::to_string(splits);
+      const SplitRun w9 = run_w8(9, path, splits), f9 = run_f8(9, path, splits);
+      for (const SplitRun* r : {&w9, &f9}) {
+        ASSERT_EQ(r->route.splits, splits) << at;
+        if (path == LinearPath::kSmallM) EXPECT_TRUE(r->route.kernel_cluster_sum) << at << ": not in a cluster";
+        if (path == LinearPath::kGemm) EXPECT_FALSE(r->route.gemm_global_sum) << at << ": not in a cluster";
+      }
+      for (int m = 1; m <= 8; ++m) {
+        const std::string label = at + " m=" + std::to_string(m);
+        const SplitRun w = run_w8(m, path, splits), f = run_f8(m, path, splits);
+        for (const SplitRun* r : {&w, &f}) {  // the same sums as at 9 rows: in a cluster
+          EXPECT_EQ(r->route.kernel_cluster_sum, path == LinearPath::kSmallM) << label;
+          EXPECT_FALSE(r->route.gemm_global_sum) << label;
+        }
+        expect_guard(label + " wo_a", w.y, m, nout, ldy, kPoison16);
+        expect_rows_equal(label + " wo_a", w, w9, m, nout, ldy, nout, nout + 16);
+        expect_rows_equal(label + " fp8", f, f9, m, 384, ldy, 0, 0);
+      }
+    }
+}
+
 // ---- bf16 stack, fp32 output -------------------------------------------------------
 
 void check_bf16_linear(const std::string& name, const std::vector<WeightMatrix>& parts, const std::vector<int>& ms,
