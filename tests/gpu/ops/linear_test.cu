@@ -135,6 +135,14 @@ std::vector<float> random_activation(int m, int64_t k, std::mt19937_64& rng) {
   return x;
 }
 
+// The first `cols` columns of each of the m rows of x (row stride k) at row
+// stride ld, zeros between.
+std::vector<float> rows_at_stride(const std::vector<float>& x, int m, int64_t k, int64_t ld, int64_t cols) {
+  std::vector<float> out(size_t(m) * size_t(ld), 0.0f);
+  for (int r = 0; r < m; ++r) std::copy_n(x.begin() + r * k, cols, out.begin() + r * ld);
+  return out;
+}
+
 // Weight values ~ N(0, 1/cols), magnitudes per 128x128 block.
 std::vector<float> random_weight_values(int64_t rows, int64_t cols, std::mt19937_64& rng) {
   const int64_t rb = (rows + 127) / 128, cb = (cols + 127) / 128;
@@ -445,9 +453,7 @@ TEST_F(LinearCudaTest, QuantizeActMatchesCpuBitForBit) {
       for (int64_t c = 256; c < 384; ++c) x[size_t(c)] = round_bf16(float(c - 300) * 1e30f);
     }
     const int64_t ldx = k + 8;
-    std::vector<float> xs(size_t(m) * size_t(ldx), 0.0f);
-    for (int r = 0; r < m; ++r) std::copy_n(x.begin() + r * k, k, xs.begin() + r * ldx);
-    DeviceArray<uint16_t> xd(to_bf16(xs));
+    DeviceArray<uint16_t> xd(to_bf16(rows_at_stride(x, m, k, ldx, k)));
     DeviceAct act(m, k);
     cuda::quantize_act(xd.get(), ldx, act.out(), nullptr);
     sync();
@@ -717,9 +723,7 @@ void check_w8a16(const std::string& name, int groups, int64_t n_g, int64_t k_g, 
   for (int m : ms) {
     const std::string at = name + " m=" + std::to_string(m);
     const std::vector<float> x = random_activation(m, kin, rng);
-    std::vector<float> xs(size_t(m) * size_t(ldx), 0.0f);
-    for (int r = 0; r < m; ++r) std::copy_n(x.begin() + r * kin, kin, xs.begin() + r * ldx);
-    DeviceArray<uint16_t> xd(to_bf16(xs));
+    DeviceArray<uint16_t> xd(to_bf16(rows_at_stride(x, m, kin, ldx, kin)));
     const std::vector<float> xq = fake_quantized(x);
     // References per group: the bf16 product and the FP8 variant's product.
     std::vector<float> c(size_t(m) * size_t(nout)), s(c.size()), cq(c.size()), sq(c.size()), ycpu(c.size()),
@@ -1045,11 +1049,9 @@ TEST_F(LinearCudaTest, DecodeTileGivesTheBitsOfALongerTile) {
   LinearWorkspace ws(needs);
   const int64_t kin = groups * k_g, ldx = kin + 8, nout = groups * n_g, ldy = nout + 8;
   const std::vector<float> x = random_activation(9, kin, rng);
-  std::vector<float> xs(size_t(9) * size_t(ldx), 0.0f);
-  for (int r = 0; r < 9; ++r) std::copy_n(x.begin() + r * kin, kin, xs.begin() + r * ldx);
-  DeviceArray<uint16_t> xd(to_bf16(xs));
-  std::vector<float> x8(size_t(9) * size_t(k_g));  // the FP8 linear's input: each row's first k_g columns
-  for (int r = 0; r < 9; ++r) std::copy_n(x.begin() + r * kin, k_g, x8.begin() + r * k_g);
+  DeviceArray<uint16_t> xd(to_bf16(rows_at_stride(x, 9, kin, ldx, kin)));
+  // The FP8 linear's input: each row's first k_g columns.
+  const std::vector<float> x8 = rows_at_stride(x, 9, kin, k_g, k_g);
   const DeviceAct act = quantized_on_gpu(x8, 9, k_g);
 
   auto run_w8 = [&](int m, LinearPath path, int splits) {
@@ -1115,9 +1117,7 @@ void check_bf16_linear(const std::string& name, const std::vector<WeightMatrix>&
   for (int m : ms) {
     const std::string at = name + " m=" + std::to_string(m);
     const std::vector<float> x = random_activation(m, k, rng);
-    std::vector<float> xs(size_t(m) * size_t(ldx), 0.0f);
-    for (int r = 0; r < m; ++r) std::copy_n(x.begin() + r * k, k, xs.begin() + r * ldx);
-    DeviceArray<uint16_t> xd(to_bf16(xs));
+    DeviceArray<uint16_t> xd(to_bf16(rows_at_stride(x, m, k, ldx, k)));
     std::vector<float> c(size_t(m) * size_t(n)), s(c.size()), y32(c.size()), y16(c.size());
     reference(x.data(), k, m, w.data(), aw.data(), n, k, c.data(), s.data(), n);
     int64_t col = 0;
