@@ -12,6 +12,8 @@
 //    cache memory held.
 //  - --decode BATCH CONTEXT: only that decode row (to run under a profiler);
 //    repeated, those rows in that order on one engine (for A/B calls).
+//  - --no-short-select: decode steps of short rows select with plan, score
+//    and finalize, not run_short's one kernel (CudaBackendOptions::short_select).
 //  - --serial: every kernel of a layer on one stream (CudaBackendOptions::lanes
 //    off), to measure what the lanes overlap; --lanes-max N: lanes in steps of
 //    up to N rows (EngineOptions::cuda_lanes_max_tokens; default 128).
@@ -303,6 +305,7 @@ int main(int argc, char** argv) {
     if (a == "--quick") quick = true;
     else if (a == "--stagger") stagger = true;
     else if (a == "--serial") eo.cuda_lanes = false;
+    else if (a == "--no-short-select") eo.cuda_short_select = false;
     else if (a == "--lanes-max" && i + 1 < argc) eo.cuda_lanes_max_tokens = std::atoll(argv[++i]);
     else if (a == "--attn-decode-max" && i + 1 < argc) eo.cuda_attention_decode_max_tokens = std::atoi(argv[++i]);
     else if (a == "--attn-decode-entries" && i + 1 < argc) eo.cuda_attention_decode_max_entries = std::atoi(argv[++i]);
@@ -333,7 +336,7 @@ int main(int argc, char** argv) {
       }
     }
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--lanes-max N] [--attn-decode-max N] [--attn-decode-entries N] [--attn-decode-warps N] [--prefill LEN [--trace CSV] | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV] [--stamps] [--stagger]] [--json FILE] [--gpu-memory F] [--index-keys fp8|mxfp4] [--bandwidth TB/s]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--serial] [--no-short-select] [--lanes-max N] [--attn-decode-max N] [--attn-decode-entries N] [--attn-decode-warps N] [--prefill LEN [--trace CSV] | --decode BATCH CONTEXT [--decode B C ...] [--trace CSV] [--stamps] [--stagger]] [--json FILE] [--gpu-memory F] [--index-keys fp8|mxfp4] [--bandwidth TB/s]\n", argv[0]);
       return 2;
     }
   }

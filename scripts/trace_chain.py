@@ -8,7 +8,7 @@ that follows it on its stream where wo_b does not run the norm itself; the
 first cut is the step's first residual_norm_kernel. Where wo_a and wo_b
 run on cuBLASLt (64 rows and more), every layer ends with its own
 residual_norm_kernel, and those ends are the cuts. A layer with the
-indexer's score_kernel is C4A, one with a compressor (COMPRESSOR_KERNELS)
+indexer's score_kernel (or short_kernel) is C4A, one with a compressor (COMPRESSOR_KERNELS)
 but no scorer is C128A, the rest are SWA-only. For
 the median layer of each type it lists every kernel in start order with its
 end measured from the layer's start: with programmatic dependent launch a
@@ -70,6 +70,8 @@ def cuts(rows):
 # The compressor's kernels: the state rows alone, rows and entries in one
 # CTA a token, and C128A's decode entries on a cluster (rows_entries_wide).
 COMPRESSOR_KERNELS = {"state_rows_kernel", "rows_entries_kernel", "rows_entries_wide_kernel"}
+# The indexer's scorers: the unit kernel, and run_short's one kernel.
+SCORER_KERNELS = {"score_kernel", "short_kernel"}
 
 
 def layers(rows):
@@ -78,7 +80,7 @@ def layers(rows):
     for a, b in zip(cut, cut[1:]):
         ks = [r for r in rows if a < r["e"] <= b]  # a kernel belongs to the layer it ends in
         names = {r["k"] for r in ks}
-        kind = "C4A" if "score_kernel" in names else ("C128A" if names & COMPRESSOR_KERNELS else "SWA")
+        kind = "C4A" if names & SCORER_KERNELS else ("C128A" if names & COMPRESSOR_KERNELS else "SWA")
         out.append((kind, a, b, ks))
     return out
 

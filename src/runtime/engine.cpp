@@ -29,7 +29,7 @@ std::unique_ptr<AttentionBackend> make_backend(const ModelConfig& c, const std::
   const CudaBackendOptions co{o.gpu_memory, o.cache_bytes, o.workload.max_requests, o.workload.max_context,
                               o.workload.max_step_tokens, o.cuda_graphs, o.cuda_lanes, o.cuda_lanes_max_tokens,
                               o.cuda_attention_decode_max_tokens, o.cuda_attention_decode_max_entries,
-                              o.cuda_attention_decode_warps};
+                              o.cuda_attention_decode_warps, o.cuda_short_select};
   return make_cuda_backend(c, w, spec, bo, co);
 #else
   throw Error("this build has no CUDA backend (configure where nvcc is found)");

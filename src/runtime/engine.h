@@ -51,6 +51,7 @@ struct EngineOptions {
   int cuda_attention_decode_max_tokens = 16;
   int cuda_attention_decode_max_entries = 1024;
   int cuda_attention_decode_warps = 0;  // its CTAs' warps: 4, 8, 16 or 0 (per call)
+  bool cuda_short_select = true;        // CudaBackendOptions::short_select
   Profile profile = Profile::kProduction;
   IndexKeyFormat index_keys = IndexKeyFormat::kMxfp4;
   CacheWorkload workload;

@@ -44,10 +44,12 @@ double percentile(std::vector<double> v, double p) {
 }
 
 std::unique_ptr<Engine> small_engine(Device d, bool graphs = true, bool lanes = true,
-                                     int64_t lanes_max_tokens = EngineOptions{}.cuda_lanes_max_tokens) {
+                                     int64_t lanes_max_tokens = EngineOptions{}.cuda_lanes_max_tokens,
+                                     bool short_select = true) {
   EngineOptions o;
   o.device = d;
   o.cuda_graphs = graphs;
+  o.cuda_short_select = short_select;
   o.cuda_lanes = lanes;
   o.cuda_lanes_max_tokens = lanes_max_tokens;
   o.workload = CacheWorkload{4, 2048, 512};
@@ -188,6 +190,18 @@ TEST_F(EngineCudaTest, LanesAreBitwiseOneStream) {
   for (int64_t lanes_max : {int64_t(1) << 30, EngineOptions{}.cuda_lanes_max_tokens}) {
     auto serial = small_engine(Device::kCuda, false, false), laned = small_engine(Device::kCuda, true, true, lanes_max);
     expect_bitwise_equal_steps(*serial, *laned);
+  }
+}
+
+// The schedule's decode steps (short rows) select in one kernel
+// (IndexerSelectCuda::run_short); plan, score and finalize give the same
+// bits, eager and graphed.
+TEST_F(EngineCudaTest, ShortSelectIsBitwiseTheScoredSteps) {
+  for (bool graphs : {false, true}) {
+    const int64_t lanes_max = EngineOptions{}.cuda_lanes_max_tokens;
+    auto scored = small_engine(Device::kCuda, graphs, true, lanes_max, false);
+    auto short_select = small_engine(Device::kCuda, graphs, true, lanes_max, true);
+    expect_bitwise_equal_steps(*scored, *short_select);
   }
 }
 

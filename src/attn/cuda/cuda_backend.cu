@@ -146,10 +146,16 @@ class CudaBackend final : public AttentionBackend {
     DSV4_REQUIRE(launched_ <= memory_->max_tokens(),
                  "cuda backend: a step of " + std::to_string(real_) + " tokens exceeds the capacity of " +
                      std::to_string(memory_->max_tokens()) + " (the engine's max_step_tokens)");
-    graph_key_ = decode && cuda_.graphs ? launched_ : 0;
+    // Short decode rows: the indexer in one kernel (IndexerSelectCuda::
+    // run_short), a graph of its own (its kernels differ).
+    int64_t last = 0;
+    for (const Run& r : s.runs) last = std::max(last, r.start_pos + r.len - 1);
+    const bool short_select = decode && indexer_ && cuda_.short_select && indexer_short_select_fits(launched_, last);
+    graph_key_ = decode && cuda_.graphs ? 2 * launched_ + int(short_select) : 0;
     step_->stage(s);
     memory_->bind(bufs_, launched_);
     bufs_.one_token_per_run = decode;
+    bufs_.short_select = short_select;
     bind_lanes();
     prologue_done_ = false;
     residual_ = Residual::kNone;
@@ -352,7 +358,7 @@ class CudaBackend final : public AttentionBackend {
       attention_->plan(first.attention_params(bufs_), stream_, t, bufs_.real_tokens);
       first.output_rope_table(bufs_);
     }
-    if (indexer_)
+    if (indexer_ && !bufs_.short_select)
       indexer_->plan(layers_[size_t(first_layer_[int(LayerType::kC4A)])]->indexer_params(bufs_), stream_,
                      bufs_.one_token_per_run ? IndexerGrouping::kOneTokenPerRun : IndexerGrouping::kRuns);
     prologue_done_ = true;

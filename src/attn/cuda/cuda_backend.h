@@ -35,6 +35,9 @@ struct CudaBackendOptions {
   int attention_decode_max_tokens = 16;
   int attention_decode_max_entries = 1024;
   int attention_decode_warps = 0;  // SparseAttentionCudaLimits::decode_warps
+  // Decode steps of short rows select their C4A keys in one kernel
+  // (IndexerSelectCuda::run_short) instead of plan, score and finalize.
+  bool short_select = true;
 };
 
 // True when a CUDA device is present and usable.

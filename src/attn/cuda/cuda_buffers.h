@@ -52,6 +52,7 @@ struct StepBuffers {
   int tokens = 0;                        // rows launched (a padded decode step: the graph's batch size)
   const int32_t* real_tokens = nullptr;  // device: rows at and past it are padding
   bool one_token_per_run = false;        // a decode step: no run has two tokens in it
+  bool short_select = false;             // a decode step the indexer selects in one kernel (run_short)
   StepView step{};                       // device arrays, capacity layout
   DeviceCache* cache = nullptr;
   SparseAttentionCuda* attention = nullptr;

@@ -324,7 +324,10 @@ void CudaLayer::select(StepBuffers& b) {
   lane_wait(b, Lane::kMain, LanePoint::kProj);  // weights_proj's columns
   indexer_queries_cuda(q, b.stream);
   lane_wait(b, Lane::kMain, LanePoint::kIndexKeys);  // this step's index keys
-  b.indexer->run_planned(indexer_params(b), b.stream);  // on the step's plan (the backend's prologue)
+  if (b.short_select)
+    b.indexer->run_short(indexer_params(b), b.stream);  // one kernel, no plan
+  else
+    b.indexer->run_planned(indexer_params(b), b.stream);  // on the step's plan (the backend's prologue)
   mark(b, 2 * layer_ + 1);
 }
 

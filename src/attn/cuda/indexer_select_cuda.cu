@@ -29,6 +29,10 @@ bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % 
 // takes the next unit from a counter.
 constexpr int kUnitsPerSm = 1;
 
+// run_short's bounds: 16 tokens, 4,096 keys (position 16,383), a token at least.
+static_assert(indexer_short_select_fits(16, 16383) && !indexer_short_select_fits(17, 0) &&
+              !indexer_short_select_fits(1, 16387) && !indexer_short_select_fits(0, 0));
+
 }  // namespace
 
 void check_indexer_select_cuda_params(const IndexerSelectParams& p, const IndexerSelectCudaLimits& limits) {
@@ -81,7 +85,10 @@ IndexerSelectCuda::IndexerSelectCuda(const IndexerSelectCudaLimits& limits) : im
     impl_->limits = limits;
     impl_->grid = cuda::device_sm_count();
     static std::once_flag once;
-    std::call_once(once, [] { cuda::ix::prepare_score_kernels(); });
+    std::call_once(once, [] {
+      cuda::ix::prepare_score_kernels();
+      cuda::ix::prepare_short_kernels();
+    });
     cuda_check(cudaGetLastError(), "kernel attributes");
     cuda::ix::Workspace& ws = impl_->ws;
     const int tokens = std::max(1, limits.max_tokens);
@@ -150,6 +157,16 @@ void IndexerSelectCuda::run_planned(const IndexerSelectParams& p, CUstream_st* s
   cuda::ix::launch_score(a, impl_->grid, false, stream);
   cuda::ix::launch_finalize(a, stream);
   cuda_check(cudaGetLastError(), "kernels");
+}
+
+void IndexerSelectCuda::run_short(const IndexerSelectParams& p, CUstream_st* stream) {
+  check_indexer_select_cuda_params(p, impl_->limits);
+  DSV4_REQUIRE(p.num_tokens <= kShortSelectMaxTokens, "indexer select (cuda): run_short takes at most " +
+                                                          std::to_string(kShortSelectMaxTokens) + " tokens, not " +
+                                                          std::to_string(p.num_tokens));
+  if (p.num_tokens == 0) return;
+  cuda::ix::launch_short(p, stream);
+  cuda_check(cudaGetLastError(), "short kernel");
 }
 
 const IndexerSelectCudaLimits& IndexerSelectCuda::limits() const { return impl_->limits; }

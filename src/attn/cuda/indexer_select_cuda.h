@@ -35,6 +35,19 @@ namespace dsv4 {
 // step; a run of several tokens is only scored faster with kRuns.
 enum class IndexerGrouping { kRuns, kOneTokenPerRun };
 
+// run_short: decode steps of at most kShortSelectMaxTokens tokens, each
+// seeing at most kShortSelectMaxKeys keys (16K context), in one kernel of
+// kShortSelectCtas CTAs a token (indexer_short.cu).
+inline constexpr int kShortSelectMaxTokens = 16;
+inline constexpr int64_t kShortSelectMaxKeys = 4096;
+inline constexpr int kShortSelectCtas = 8;
+
+// Whether run_short takes a step of `tokens` tokens (one per run) whose
+// largest position is max_position.
+constexpr bool indexer_short_select_fits(int tokens, int64_t max_position) {
+  return tokens >= 1 && tokens <= kShortSelectMaxTokens && indexer_visible(max_position) <= kShortSelectMaxKeys;
+}
+
 struct IndexerSelectCudaLimits {
   int max_tokens = 0;              // tokens of one call
   int topk = kIndexerMaxTopk;      // largest topk of a call (sizes the lists)
@@ -57,6 +70,13 @@ class IndexerSelectCuda {
   // plan per step serves every C4A layer of the step (their queries, keys
   // and outputs differ). p must agree with that call on those four.
   void run_planned(const IndexerSelectParams& p, CUstream_st* stream);
+
+  // The whole selection of a decode step in one kernel, without a plan:
+  // for steps that indexer_short_select_fits (the caller knows the
+  // positions; a token past kShortSelectMaxKeys gets an empty selection).
+  // The same outputs as run(p, stream, IndexerGrouping::kOneTokenPerRun).
+  // Uses none of the workspace.
+  void run_short(const IndexerSelectParams& p, CUstream_st* stream);
 
   // The stages of run() one at a time (benchmarks): plan, then score
   // (score_only: without the running top-k, leaving empty lists), then

@@ -18,6 +18,9 @@
 //                      tokens, 4 for one-token groups (indexer_score.cu).
 //  finalize  (1 CTA per token) selects the best k of the token's lists,
 //                      sorts them best first and writes picks, slots, lengths.
+//  short     (run_short: a decode step of short rows) scores and selects
+//                      in one kernel, a cluster of CTAs a token, no plan
+//                      and no lists (indexer_short.cu).
 // List bounds: when a token has more keys than finalize stages in shared
 // memory, each of its S lists also records the m-th best key of its unit,
 // m = ceil(k / S) (0 when the unit has fewer than m keys). Every list then
@@ -104,5 +107,8 @@ void launch_plan(const SelectArgs& a, cudaStream_t stream);
 // score_only (benchmarks): scores without the running top-k (empty lists).
 void launch_score(const SelectArgs& a, int grid, bool score_only, cudaStream_t stream);
 void launch_finalize(const SelectArgs& a, cudaStream_t stream);
+// The short decode step's kernel (indexer_short.cu), and once per process its shared-memory limit.
+void prepare_short_kernels();
+void launch_short(const IndexerSelectParams& p, cudaStream_t stream);
 
 }  // namespace dsv4::cuda::ix

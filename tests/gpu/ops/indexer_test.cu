@@ -518,13 +518,23 @@ struct DeviceWorld {
   // planned: run_planned on the plan of an earlier op.plan() call.
   Selection run(IndexerSelectCuda& op, bool padded = false, bool planned = false,
                 IndexerGrouping grouping = IndexerGrouping::kRuns) {
+    return collect([&] {
+      if (planned)
+        op.run_planned(params(padded), nullptr);
+      else
+        op.run(params(padded), nullptr, grouping);
+    });
+  }
+  Selection run_short(IndexerSelectCuda& op, bool padded = false) {
+    return collect([&] { op.run_short(params(padded), nullptr); });
+  }
+  // The outputs of launch() (poisoned before, guards checked after).
+  template <typename Launch>
+  Selection collect(Launch&& launch) {
     picks.poison();
     slots.poison();
     lengths.poison();
-    if (planned)
-      op.run_planned(params(padded), nullptr);
-    else
-      op.run(params(padded), nullptr, grouping);
+    launch();
     IX_CUDA_OK(cudaDeviceSynchronize());
     Selection s{picks.download(), slots.download(), lengths.download()};
     EXPECT_TRUE(picks.guard_intact() && slots.guard_intact() && lengths.guard_intact()) << "write past an output";
@@ -630,12 +640,31 @@ void compare(const World& w, const Selection& want, const Selection& got, int re
 constexpr IndexerGrouping kGroupings[] = {IndexerGrouping::kRuns, IndexerGrouping::kOneTokenPerRun};
 const char* grouping_name(IndexerGrouping g) { return g == IndexerGrouping::kRuns ? "by runs" : "one token per group"; }
 
+// Whether run_short takes the world's step (a decode step of short rows).
+bool short_fits(const World& w) {
+  int64_t last = 0;
+  for (int t = 0; t < w.T; ++t) {
+    if (t > 0 && w.token_run[size_t(t)] == w.token_run[size_t(t - 1)]) return false;  // a run of two tokens
+    last = std::max<int64_t>(last, w.positions[size_t(t)]);
+  }
+  return indexer_short_select_fits(w.T, last);
+}
+
+// Every grouping against the CPU; where the step is a short decode step,
+// run_short too, and bit for bit as the decode kernel and finalize.
 void run_case(IndexKeyFormat f, int topk, const std::vector<RunSpec>& runs, const WorldOptions& opt = {},
               int work_units = 0) {
   const World w = make_world(f, topk, runs, opt);
   const Selection want = cpu_select(w);
   DeviceWorld dw(w);
   IndexerSelectCuda op({w.T, topk, work_units});
+  if (short_fits(w)) {
+    SCOPED_TRACE("run_short");
+    const Selection got = dw.run_short(op);
+    compare(w, want, got, w.T);
+    expect_identical(w, dw.run(op, false, false, IndexerGrouping::kOneTokenPerRun), got);
+    std::printf("    %s topk %d, run_short: %d tokens\n", std::string(index_key_format_name(f)).c_str(), topk, w.T);
+  }
   for (IndexerGrouping grouping : kGroupings) {
     SCOPED_TRACE(grouping_name(grouping));
     const Selection got = dw.run(op, false, false, grouping);
@@ -657,6 +686,15 @@ std::vector<RunSpec> decode_runs() {
 }
 
 // Prefill chunks (several runs, different contexts) with a decode token.
+// A short decode step (run_short's): 16 tokens from no visible key to 4,096
+// (position 16,383, the kernel's last), below, at and above topk.
+std::vector<RunSpec> short_decode_runs() {
+  std::vector<RunSpec> r;
+  for (int64_t pos : {700, 2, 4095, 0, 16383, 2047, 9, 12000, 2055, 1, 5000, 3, 8190, 1999, 6000, 4})
+    r.push_back(RunSpec{pos, 1, 0});
+  return r;
+}
+
 std::vector<RunSpec> prefill_runs() {
   return {RunSpec{5000, 300, 0}, RunSpec{0, 77, 0}, RunSpec{2301, 6, 0}, RunSpec{40000, 1, 0}, RunSpec{8190, 129, 0}};
 }
@@ -909,6 +947,109 @@ TEST_F(IndexerCudaTest, PagesBeyond2GiB) {
   run_case(IndexKeyFormat::kFp8, 512, {RunSpec{6000, 2, 0}}, {.page_offset = f8, .seed = 15});
 }
 
+// run() three more times gives the bits of its first run, and so does
+// launch(stream) captured in a CUDA graph and replayed on poisoned outputs.
+template <typename Run, typename Launch>
+void expect_repeatable(DeviceWorld& dw, Run&& run, Launch&& launch) {
+  const Selection first = run();
+  for (int rep = 0; rep < 3; ++rep) {
+    const Selection again = run();
+    ASSERT_EQ(again.picks, first.picks) << "run " << rep;
+    ASSERT_EQ(again.slots, first.slots) << "run " << rep;
+    ASSERT_EQ(again.lengths, first.lengths) << "run " << rep;
+  }
+  cudaStream_t stream;
+  IX_CUDA_OK(cudaStreamCreate(&stream));
+  dw.picks.poison();
+  dw.slots.poison();
+  dw.lengths.poison();
+  cudaGraph_t graph;
+  IX_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  launch(stream);
+  IX_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  IX_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  IX_CUDA_OK(cudaGraphLaunch(exec, stream));
+  IX_CUDA_OK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(dw.picks.download(), first.picks);
+  EXPECT_EQ(dw.slots.download(), first.slots);
+  EXPECT_EQ(dw.lengths.download(), first.lengths);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// run_short (one kernel for a short decode step) against the CPU and the
+// decode kernel with finalize, on both key formats and both topk; then on
+// the odd inputs of the tests above: ties, keys without pages, the exact
+// path, pages past 2 GiB, one score for every key.
+TEST_F(IndexerCudaTest, ShortDecodeMatchesTheCpuAndTheDecodeKernels) {
+  run_case(IndexKeyFormat::kMxfp4, 512, short_decode_runs(), {.seed = 40});
+  run_case(IndexKeyFormat::kFp8, 512, short_decode_runs(), {.seed = 41});
+  run_case(IndexKeyFormat::kMxfp4, 1024, short_decode_runs(), {.seed = 42});
+  run_case(IndexKeyFormat::kFp8, 1024, {RunSpec{16383, 1, 0}, RunSpec{9000, 1, 0}}, {.seed = 43});
+}
+TEST_F(IndexerCudaTest, ShortDecodeOddInputs) {
+  const std::vector<RunSpec> runs = {RunSpec{16383, 1, 0}, RunSpec{3000, 1, 0}, RunSpec{9000, 1, 0}};
+  run_case(IndexKeyFormat::kMxfp4, 512, runs, {.duplicate_every = 4, .seed = 44});
+  run_case(IndexKeyFormat::kMxfp4, 64, runs, {.duplicate_every = 64, .seed = 45});
+  run_case(IndexKeyFormat::kMxfp4, 512, runs, {.one_key = true, .seed = 46});
+  run_case(IndexKeyFormat::kMxfp4, 512, runs, {.rising_every = 256, .seed = 47});
+  run_case(IndexKeyFormat::kMxfp4, 512, {RunSpec{16000, 1, 30}, RunSpec{5000, 1, 3}}, {.seed = 48});
+  run_case(IndexKeyFormat::kMxfp4, 512, runs, {.slow_key_rate = 0.01, .seed = 49});
+  run_case(IndexKeyFormat::kMxfp4, 512, runs, {.odd_key_rate = 0.02, .seed = 50});
+  run_case(IndexKeyFormat::kMxfp4, 512, runs, {.odd_weight_every = 2, .seed = 51});
+  run_case(IndexKeyFormat::kFp8, 512, runs, {.small_weights_every = 2, .seed = 52});
+  const int64_t mx = (int64_t(1) << 31) / int64_t(index_key_page_stride(IndexKeyFormat::kMxfp4, 64)) + 100;
+  run_case(IndexKeyFormat::kMxfp4, 512, runs, {.page_offset = mx, .seed = 53});
+}
+
+// run_short: padded tokens (garbage positions and runs) get -1 rows and
+// length 0 and read nothing; a token past the kernel's 4,096 keys (a step
+// the backend would not route here) gets an empty row, the others theirs.
+TEST_F(IndexerCudaTest, ShortDecodePaddedAndTooLongRows) {
+  World w = make_world(IndexKeyFormat::kMxfp4, 512,
+                       {RunSpec{9000, 1, 0}, RunSpec{16387, 1, 0}, RunSpec{300, 1, 0}, RunSpec{4000, 1, 0},
+                        RunSpec{7000, 1, 0}}, {.seed = 54});
+  const int real = 4;
+  w.positions[4] = INT32_MAX;
+  w.token_run[4] = 1 << 20;  // no such table row
+  World cpu_world = w;
+  cpu_world.T = real;
+  cpu_world.positions.resize(size_t(real));
+  cpu_world.token_run.resize(size_t(real));
+  const Selection want = cpu_select(cpu_world);
+  DeviceWorld dw(w, real);
+  IndexerSelectCuda op({w.T, 512});
+  const Selection got = dw.run_short(op, true);
+  for (int t = 0; t < w.T; ++t) {
+    const bool empty = t == 1 || t >= real;
+    ASSERT_EQ(got.lengths[size_t(t)], empty ? 0 : want.lengths[size_t(t)]) << "token " << t;
+    for (int i = 0; i < w.topk; ++i) {
+      const size_t k = size_t(t) * w.topk + size_t(i);
+      ASSERT_EQ(got.picks[k], empty ? -1 : want.picks[k]) << "token " << t << " pick " << i;
+      ASSERT_EQ(got.slots[k], empty ? -1 : want.slots[k]) << "token " << t << " slot " << i;
+    }
+  }
+}
+
+// run_short: the same bits run after run and from a CUDA graph; it refuses
+// more tokens than it takes.
+TEST_F(IndexerCudaTest, ShortDecodeDeterministicGraphedAndBounded) {
+  for (IndexKeyFormat f : {IndexKeyFormat::kMxfp4, IndexKeyFormat::kFp8}) {
+    const World w = make_world(f, 512, short_decode_runs(), {.seed = 55});
+    DeviceWorld dw(w);
+    IndexerSelectCuda op({w.T, 512});
+    expect_repeatable(
+        dw, [&] { return dw.run_short(op); }, [&](cudaStream_t stream) { op.run_short(dw.params(false), stream); });
+  }
+  std::vector<RunSpec> runs(size_t(kShortSelectMaxTokens) + 1, RunSpec{100, 1, 0});
+  const World many = make_world(IndexKeyFormat::kMxfp4, 512, runs, {.seed = 56});
+  DeviceWorld dm(many);
+  IndexerSelectCuda op({many.T, 512});
+  EXPECT_THROW(op.run_short(dm.params(false), nullptr), Error);
+}
+
 // Padded tokens (a device-side count): -1 rows and length 0; their positions
 // and runs are garbage that must not be read.
 TEST_F(IndexerCudaTest, PaddedTokensReadNothing) {
@@ -973,32 +1114,9 @@ TEST_F(IndexerCudaTest, DeterministicAndGraphCapturable) {
     const World w = make_world(f, 512, prefill_runs(), {.seed = 17});
     DeviceWorld dw(w);
     IndexerSelectCuda op({w.T, 512});
-    const Selection first = dw.run(op, false, false, grouping);
-    for (int rep = 0; rep < 3; ++rep) {
-      const Selection again = dw.run(op, false, false, grouping);
-      ASSERT_EQ(again.picks, first.picks) << "run " << rep;
-      ASSERT_EQ(again.slots, first.slots) << "run " << rep;
-      ASSERT_EQ(again.lengths, first.lengths) << "run " << rep;
-    }
-    cudaStream_t stream;
-    IX_CUDA_OK(cudaStreamCreate(&stream));
-    dw.picks.poison();
-    dw.slots.poison();
-    dw.lengths.poison();
-    cudaGraph_t graph;
-    IX_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    op.run(dw.params(false), stream, grouping);
-    IX_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    IX_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    IX_CUDA_OK(cudaGraphLaunch(exec, stream));
-    IX_CUDA_OK(cudaStreamSynchronize(stream));
-    ASSERT_EQ(dw.picks.download(), first.picks);
-    ASSERT_EQ(dw.slots.download(), first.slots);
-    ASSERT_EQ(dw.lengths.download(), first.lengths);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
+    expect_repeatable(
+        dw, [&] { return dw.run(op, false, false, grouping); },
+        [&](cudaStream_t stream) { op.run(dw.params(false), stream, grouping); });
   }
 }
 
