@@ -137,9 +137,10 @@ struct Bench {
     const auto t0 = std::chrono::steady_clock::now();
     engine = Engine::from_seed(config, 1, o);
     const BackendMemory m = engine->backend().memory();
-    std::printf("engine: %.1f s to build; %s indexer keys; device memory: weights %.2f GB, caches %.2f GB, "
-                "workspace %.2f GB; admits %lld tokens of context\n",
-                seconds_since(t0), std::string(index_key_format_name(o.index_keys)).c_str(), m.weights / 1e9,
+    std::printf("engine: %.1f s to build; %s indexer keys, short decode rows selected %s; device memory: weights "
+                "%.2f GB, caches %.2f GB, workspace %.2f GB; admits %lld tokens of context\n",
+                seconds_since(t0), std::string(index_key_format_name(o.index_keys)).c_str(),
+                o.cuda_short_select ? "in one kernel" : "by plan, score and finalize", m.weights / 1e9,
                 m.caches / 1e9, m.workspace / 1e9,
                 (long long)engine->blocks().limits().context_tokens(engine->cache_spec()));
     engine->fill_caches_synthetic(7);
